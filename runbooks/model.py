@@ -39,3 +39,61 @@ class Finding(Frozen):
     source: str = ""
     line: int | None = None
     severity: Severity = "info"
+
+
+class Match(Frozen):
+    """One rule's verdict: this incident class, this sure, because of these lines."""
+
+    incident: str
+    confidence: float
+    evidence: tuple[Line, ...] = ()
+    reason: str = ""
+    rule: str = ""
+
+
+class GpuRequestSpec(Frozen):
+    """A GPU device request as the Engine API takes it (`--gpus`)."""
+
+    count: int = -1  # -1: all
+    device_ids: tuple[str, ...] = ()
+    capabilities: tuple[str, ...] = ("gpu",)
+
+
+class UlimitSpec(Frozen):
+    name: str
+    soft: int
+    hard: int
+
+
+class ContainerChange(Frozen):
+    """What a safe fix changes in how a container is started; None = unchanged."""
+
+    shm_size: int | None = None  # bytes
+    ipc_mode: str | None = None
+    device_requests: tuple[GpuRequestSpec, ...] | None = None
+    ulimits: tuple[UlimitSpec, ...] | None = None
+    cap_add: tuple[str, ...] | None = None
+
+
+class Fix(Frozen):
+    """The recommended fix: a safe container change (with its `docker run` delta) or steps."""
+
+    safe: bool
+    container: str | None = None
+    change: ContainerChange | None = None
+    docker_run: tuple[str, ...] = ()  # e.g. ("+ --shm-size=8g",)
+    steps: tuple[str, ...] = ()
+    note: str = ""
+
+
+class Diagnosis(Frozen):
+    incident: str
+    confidence: float
+    summary: str
+    evidence: tuple[Line, ...] = ()
+    secondary: tuple[str, ...] = ()
+    fix: Fix | None = None
+    host: str | None = None
+    container: str | None = None
+    findings: tuple[Finding, ...] = ()
+    matches: tuple[Match, ...] = ()

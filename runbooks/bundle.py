@@ -1,0 +1,189 @@
+"""The evidence bundle: ``bundle.json`` metadata and reading a bundle from disk.
+
+Layout: ../shared/spec/evidence-bundle.md. A bundle is a directory, a ``.tar.gz`` of one, or — for
+``classify`` — a single log file treated as the container log. Readers never fail on a missing
+or unparsable file; they record a finding.
+"""
+
+from __future__ import annotations
+
+import json
+import tarfile
+import contextlib
+import io
+import tempfile
+from collections.abc import Iterator
+from datetime import datetime
+from pathlib import Path, PurePosixPath
+from typing import IO, Literal
+
+from pydantic import Field, ValidationError
+
+from runbooks.errors import InputError
+from runbooks.model import Finding, Frozen
+
+SCHEMA_VERSION = 1
+SourceStatus = Literal["ok", "failed", "timeout", "error", "skipped"]
+
+
+class SourceResult(Frozen):
+    """What happened to one evidence source during collection."""
+
+    name: str
+    path: str | None = None  # bundle-relative file written, if any
+    status: SourceStatus
+    command: str | None = None
+    exit_code: int | None = None
+    duration_s: float = 0.0
+    error: str | None = None
+    note: str | None = None
+    truncated: bool = False
+    bytes_seen: int = 0
+
+
+class BundleMeta(Frozen):
+    schema_version: int = SCHEMA_VERSION
+    host: str
+    target: str
+    containers: tuple[str, ...] = ()
+    collected_at: datetime
+    duration_s: float = 0.0
+    trigger: str | None = None
+    collector: dict[str, str] = Field(default_factory=dict)
+    sources: tuple[SourceResult, ...] = ()
+    findings: tuple[Finding, ...] = ()
+
+
+SMALL_FILE_BYTES = 16 * 1024 * 1024  # larger files are streamed, never read whole
+LOG_FILE = "containers/log.log"
+
+
+class Bundle(Frozen):
+    """An evidence bundle: metadata, small files as text, large files by path (streamed)."""
+
+    meta: BundleMeta | None = None
+    files: dict[str, str] = Field(default_factory=dict)
+    large: dict[str, Path] = Field(default_factory=dict)
+    findings: tuple[Finding, ...] = ()
+    origin: str = ""
+
+    def names(self) -> list[str]:
+        return sorted({*self.files, *self.large})
+
+    def open(self, rel: str) -> IO[bytes]:
+        if rel in self.large:
+            return self.large[rel].open("rb")
+        return io.BytesIO(self.files.get(rel, "").encode("utf-8", errors="replace"))
+
+    def text(self, rel: str, limit: int = SMALL_FILE_BYTES) -> str | None:
+        """A file's text; for a large file, its last `limit` bytes (newest lines)."""
+        if rel in self.files:
+            return self.files[rel]
+        if rel in self.large:
+            return _tail(self.large[rel], limit)
+        return None
+
+    def container_names(self) -> list[str]:
+        return sorted({PurePosixPath(p).name.split(".", 1)[0] for p in self.names()
+                       if p.startswith("containers/")})
+
+
+
+
+def _decode(data: bytes) -> str:
+    return data.decode("utf-8", errors="replace")
+
+
+def _tail(path: Path, limit: int) -> str:
+    size = path.stat().st_size
+    with path.open("rb") as fh:
+        if size > limit:
+            fh.seek(size - limit)
+            fh.readline()  # resync on a line boundary
+        return _decode(fh.read(limit))
+
+
+@contextlib.contextmanager
+def open_bundle(path: Path) -> Iterator[Bundle]:
+    """Open a bundle directory, a bundle .tar.gz (extracted to a temporary directory), or a
+    single log file (treated as the container log). Raises InputError if unreadable."""
+    if not path.exists():
+        raise InputError(f"{path}: no such file or directory")
+    if path.is_dir():
+        yield _read_dir(path, str(path))
+        return
+    if path.name.endswith((".tar.gz", ".tgz")):
+        with tempfile.TemporaryDirectory(prefix="cudamedic-bundle-") as tmp:
+            findings = _extract_tar(path, Path(tmp))
+            root = Path(tmp)
+            entries = [p for p in root.iterdir()]
+            if len(entries) == 1 and entries[0].is_dir():
+                root = entries[0]
+            bundle = _read_dir(root, str(path))
+            yield bundle.model_copy(update={"findings": bundle.findings + tuple(findings)})
+        return
+    try:
+        size = path.stat().st_size
+        if size > SMALL_FILE_BYTES:
+            yield Bundle(large={LOG_FILE: path}, origin=str(path))
+        else:
+            yield Bundle(files={LOG_FILE: _decode(path.read_bytes())}, origin=str(path))
+    except OSError as exc:
+        raise InputError(f"{path}: cannot read: {exc}") from exc
+
+
+def _read_dir(root: Path, origin: str) -> Bundle:
+    files: dict[str, str] = {}
+    large: dict[str, Path] = {}
+    findings: list[Finding] = []
+    try:
+        for file in sorted(root.rglob("*")):
+            if not file.is_file() or file.is_symlink():
+                continue
+            rel = file.relative_to(root).as_posix()
+            if file.stat().st_size > SMALL_FILE_BYTES:
+                large[rel] = file
+            else:
+                files[rel] = _decode(file.read_bytes())
+    except OSError as exc:
+        raise InputError(f"{origin}: cannot read: {exc}") from exc
+    meta = None
+    if "bundle.json" in files:
+        try:
+            meta = BundleMeta.model_validate(json.loads(files["bundle.json"]))
+        except (ValueError, ValidationError) as exc:
+            findings.append(
+                Finding(code="bundle-json-invalid", source="bundle.json", severity="warning",
+                        message=f"bundle.json unreadable: {str(exc).splitlines()[0]}")
+            )
+    return Bundle(meta=meta, files=files, large=large, findings=tuple(findings), origin=origin)
+
+
+def _extract_tar(path: Path, dest: Path) -> list[Finding]:
+    findings: list[Finding] = []
+    try:
+        with tarfile.open(path, "r:gz") as tar:
+            for member in tar.getmembers():
+                parts = PurePosixPath(member.name).parts
+                if not member.isfile() or member.name.startswith("/") or ".." in parts:
+                    if not member.isdir():
+                        findings.append(Finding(code="tar-member-skipped", source=member.name,
+                                                message="not a plain file inside the bundle"))
+                    continue
+                tar.extract(member, dest, filter="data")
+    except (tarfile.TarError, EOFError, OSError) as exc:
+        raise InputError(f"{path}: not a readable .tar.gz bundle: {exc}") from exc
+    return findings
+
+
+def write_tar(bundle_dir: Path) -> Path:
+    """Pack a bundle directory as <dir>.tar.gz beside it."""
+    target = bundle_dir.with_name(bundle_dir.name + ".tar.gz")
+    with tarfile.open(target, "w:gz") as tar:
+        tar.add(bundle_dir, arcname=bundle_dir.name)
+    return target
+
+
+def dumps_json(data: object) -> str:
+    return json.dumps(data, indent=2, sort_keys=True, default=str) + "\n"
+

@@ -1,0 +1,108 @@
+"""The `cudamedic` command line. Heavy modules are imported inside each command, not at start.
+
+Exit status: 0 done (a diagnosis was made, a bundle was written), 2 usage or input error,
+3 target error (host unreachable and nothing could be collected), 1 unexpected internal error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from runbooks.inventory import Inventory
+    from runbooks.settings import Settings
+
+
+def _settings(args: argparse.Namespace) -> Settings:
+    from runbooks.settings import load_settings
+
+    return load_settings(inventory=getattr(args, "inventory", None))
+
+
+def _inventory(settings: Settings) -> Inventory | None:
+    from runbooks.inventory import load_inventory
+
+    return load_inventory(settings.inventory) if settings.inventory else None
+
+
+def cmd_collect(args: argparse.Namespace) -> int:
+    from runbooks.bundle import write_tar
+    from runbooks.collect import collect
+    from runbooks.target import resolve_target
+
+    settings = _settings(args)
+    target = resolve_target(args.target, _inventory(settings))
+    path = collect(target, settings, container=args.container, out_dir=args.out,
+                   trigger=args.trigger)
+    if args.tar:
+        path = write_tar(path)
+    print(path)
+    return 0
+
+
+def cmd_classify(args: argparse.Namespace) -> int:
+    import json
+
+    from runbooks.classify import classify_path, render_text, to_json
+
+    diagnosis = classify_path(args.path)
+    if args.json:
+        print(json.dumps(to_json(diagnosis), indent=2))
+    else:
+        print(render_text(diagnosis))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="cudamedic",
+        description="Incident response for GPU hosts running PyTorch-CUDA containers.",
+    )
+    parser.add_argument("-v", "--verbose", action="store_true", help="log progress to stderr")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("collect", help="gather an evidence bundle from a host")
+    p.add_argument("target", help="'local', an inventory host name, or ssh://user@host[:port]")
+    p.add_argument("--container", help="the container to examine (default: every GPU container)")
+    p.add_argument("--out", type=Path, help="directory for bundles (default: ./bundles)")
+    p.add_argument("--inventory", type=Path, help="inventory file (YAML or Ansible YAML/INI)")
+    p.add_argument("--trigger", help="the text that triggered this (e.g. a pasted error)")
+    p.add_argument("--tar", action="store_true", help="also pack the bundle as .tar.gz")
+    p.set_defaults(func=cmd_collect)
+
+    p = sub.add_parser("classify", help="diagnose a bundle (directory, .tar.gz or a log file)")
+    p.add_argument("path", type=Path)
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(func=cmd_classify)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from runbooks.errors import CudamedicError, InputError, TargetError
+
+    try:
+        return int(args.func(args))
+    except InputError as exc:
+        print(f"cudamedic: error: {exc}", file=sys.stderr)
+        return 2
+    except TargetError as exc:
+        print(f"cudamedic: target error: {exc}", file=sys.stderr)
+        return 3
+    except CudamedicError as exc:
+        print(f"cudamedic: error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("cudamedic: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,352 @@
+"""Collect an evidence bundle from one target (SHELL: SSH, subprocess, Docker API, files).
+
+Each source is independent: one failing source is recorded in ``bundle.json`` with its error and
+never stops the others; every call has a timeout; every text is redacted before it is written.
+Host commands run concurrently over one SSH connection; Docker calls run beside them.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+import logging
+import os
+import platform
+import re
+import shlex
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from runbooks import __version__, names
+from runbooks.bundle import BundleMeta, SourceResult, dumps_json
+from runbooks.errors import CudamedicError, InputError, TargetError
+from runbooks.evidence.docker_inspect import facts_from_dict
+from runbooks.model import Finding
+from runbooks.redact import redact_json, redact_text
+from runbooks.remote.docker import DockerEngine
+from runbooks.remote.runner import CommandResult, CommandRunner, LocalRunner
+from runbooks.remote.ssh import SshRunner
+from runbooks.settings import Settings
+from runbooks.sources import CONTAINER_PROBES, HOST_SOURCES, NCCL_TESTS_PATH, HostSource
+from runbooks.target import Target
+
+log = logging.getLogger(__name__)
+_NOT_PERMITTED = re.compile(r"(?i)operation not permitted|permission denied|not permitted")
+_RECENT_EXIT_S = 24 * 3600
+
+
+class _Writer:
+    """Writes redacted files into the bundle directory and keeps the per-source results."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.sources: list[SourceResult] = []
+        self.findings: list[Finding] = []
+
+    def text(self, rel: str, data: bytes | str) -> None:
+        if isinstance(data, bytes):
+            try:
+                raw = data.decode("utf-8")
+            except UnicodeDecodeError:
+                raw = data.decode("utf-8", errors="surrogateescape")
+                self.findings.append(Finding(
+                    code="non-utf8-output", source=rel, severity="info",
+                    message=f"{rel} holds bytes that are not UTF-8; kept as they are"))
+        else:
+            raw = data
+        clean = redact_text(raw)
+        path = self.root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(clean.encode("utf-8", errors="surrogateescape"))
+
+    def json(self, rel: str, data: Any) -> None:
+        path = self.root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(dumps_json(redact_json(data)), encoding="utf-8")
+
+    def add(self, result: SourceResult) -> None:
+        self.sources.append(result)
+
+
+def _result_from_command(
+    name: str, rel: str | None, res: CommandResult, ok_codes: tuple[int, ...] = (0,),
+    note: str | None = None,
+) -> SourceResult:
+    if res.timed_out:
+        status = "timeout"
+        error: str | None = f"timed out after {res.duration_s:g}s"
+    elif res.exit_code in ok_codes:
+        status, error = "ok", None
+    else:
+        status = "failed"
+        tail = res.stderr.decode("utf-8", "replace").strip().splitlines()[-3:]
+        error = redact_text(" | ".join(tail)) or f"exit code {res.exit_code}"
+    return SourceResult(
+        name=name, path=rel, status=status, command=res.command, exit_code=res.exit_code,
+        duration_s=res.duration_s, error=error, note=note, truncated=res.truncated,
+        bytes_seen=res.bytes_seen,
+    )
+
+
+def _run_host_source(runner: CommandRunner, src: HostSource, settings: Settings,
+                     writer: _Writer) -> None:
+    timeout = src.timeout or settings.command_timeout
+    res = runner.run(src.command, timeout=timeout, max_bytes=settings.output_max_bytes, keep=src.keep)
+    note = None
+    if src.fallback and not res.ok:
+        stderr = res.stderr.decode("utf-8", "replace") + res.stdout.decode("utf-8", "replace")
+        first = res
+        res = runner.run(src.fallback, timeout=timeout, max_bytes=settings.output_max_bytes,
+                         keep=src.keep)
+        reason = "not permitted" if _NOT_PERMITTED.search(stderr) else (
+            "timed out" if first.timed_out else f"exit {first.exit_code}")
+        note = f"`{src.command}` {reason}: {stderr.strip()[:200]}; used `{src.fallback}`"
+        writer.findings.append(Finding(code=f"{src.name}-fallback", source=src.path,
+                                       severity="info", message=redact_text(note)))
+        if not res.ok:
+            # Keep the first command's output: its error text is evidence too.
+            body = first.stdout + first.stderr + b"\n" + res.stdout + res.stderr
+            writer.text(src.path, body)
+            writer.add(_result_from_command(src.name, src.path, res, src.ok_exit_codes, note))
+            return
+    body = res.stdout if src.stdout_only else res.stdout + res.stderr
+    if body or not src.stdout_only:
+        writer.text(src.path, body)
+    writer.add(_result_from_command(src.name, src.path if body else None, res,
+                                    src.ok_exit_codes, note))
+
+
+def _run_nccl_tests(runner: CommandRunner, settings: Settings, writer: _Writer) -> None:
+    name = "nccl-tests"
+    if not settings.nccl_tests_enabled:
+        writer.add(SourceResult(name=name, status="skipped", note="disabled by settings"))
+        return
+    binary = shlex.quote(settings.nccl_tests_path)
+    probe = runner.run(f"command -v {binary}", timeout=10, max_bytes=4096)
+    if not probe.ok:
+        writer.add(SourceResult(name=name, status="skipped",
+                                note=f"{settings.nccl_tests_path} not found on the host"))
+        return
+    gpus = settings.nccl_tests_gpus
+    if gpus is None:
+        listing = runner.run("nvidia-smi -L", timeout=settings.command_timeout, max_bytes=65536)
+        gpus = sum(1 for ln in listing.stdout.decode("utf-8", "replace").splitlines()
+                   if ln.startswith("GPU "))
+        if gpus == 0:
+            writer.add(SourceResult(name=name, status="skipped",
+                                    note="no GPUs listed by nvidia-smi -L"))
+            return
+    budget = settings.nccl_tests_budget
+    command = (f"timeout -k 5 {int(budget)} {binary} -b 8 -e 1G -f 2 -g {int(gpus)}")
+    res = runner.run(command, timeout=budget + 10, max_bytes=4 * 1024 * 1024)
+    writer.text(NCCL_TESTS_PATH, res.stdout + res.stderr)
+    writer.add(_result_from_command(name, NCCL_TESTS_PATH, res))
+
+
+def _select_containers(engine: DockerEngine, writer: _Writer) -> list[str]:
+    chosen: list[str] = []
+    now = time.time()
+    for summary in engine.containers(all_=True):
+        cid = str(summary.get("Id", ""))
+        try:
+            facts = facts_from_dict(engine.inspect(cid))
+        except TargetError as exc:
+            writer.findings.append(Finding(code="container-inspect-failed", severity="warning",
+                                           message=str(exc)))
+            continue
+        if not facts.wants_gpu:
+            continue
+        recent_failure = (
+            not facts.running and (facts.exit_code or 0) != 0
+            and now - _parse_time(facts.finished_at) < _RECENT_EXIT_S
+        )
+        if facts.running or recent_failure:
+            chosen.append(facts.name or cid[:12])
+    return sorted(chosen)
+
+
+def _parse_time(value: str) -> float:
+    try:
+        return datetime.fromisoformat(value[:26].rstrip("Z")).replace(tzinfo=UTC).timestamp()
+    except ValueError:
+        return 0.0
+
+
+def _collect_container(engine: DockerEngine, name: str, settings: Settings,
+                       writer: _Writer) -> None:
+    base = f"containers/{name}"
+    start = time.monotonic()
+    try:
+        inspect = engine.inspect(name)
+    except CudamedicError as exc:
+        writer.add(SourceResult(name=f"{name}:inspect", status="error", error=str(exc)))
+        return
+    writer.json(f"{base}.inspect.json", inspect)
+    writer.add(SourceResult(name=f"{name}:inspect", path=f"{base}.inspect.json", status="ok",
+                            duration_s=round(time.monotonic() - start, 3)))
+    start = time.monotonic()
+    try:
+        data, truncated, seen = engine.logs_tail(name, settings.log_tail_lines,
+                                                 settings.log_tail_bytes)
+        writer.text(f"{base}.log", data)
+        writer.add(SourceResult(
+            name=f"{name}:log", path=f"{base}.log", status="ok", truncated=truncated,
+            bytes_seen=seen, duration_s=round(time.monotonic() - start, 3),
+            note=(f"tail of {settings.log_tail_lines} lines; bounded to "
+                  f"{settings.log_tail_bytes} bytes" if truncated else None),
+        ))
+        if truncated:
+            writer.findings.append(Finding(
+                code="log-truncated", source=f"{base}.log", severity="info",
+                message=f"log tail was {seen} bytes; kept the newest {settings.log_tail_bytes}"))
+    except CudamedicError as exc:
+        writer.add(SourceResult(name=f"{name}:log", status="error", error=str(exc)))
+    running = bool((inspect.get("State") or {}).get("Running"))
+    for probe in CONTAINER_PROBES:
+        label = f"{name}:exec-{probe.name}"
+        rel = f"{base}.exec-{probe.name}.txt"
+        if not running:
+            writer.add(SourceResult(name=label, status="skipped", note="container is not running"))
+            continue
+        try:
+            res = engine.exec(name, list(probe.argv), settings.exec_timeout,
+                              settings.output_max_bytes)
+        except CudamedicError as exc:
+            writer.add(SourceResult(name=label, status="error", error=str(exc)))
+            continue
+        writer.text(rel, res.stdout + res.stderr)
+        writer.add(_result_from_command(label, rel, res).model_copy(
+            update={"command": " ".join(probe.argv[:3]) if probe.name == "torch" else res.command}))
+
+
+def _collector_versions() -> dict[str, str]:
+    import docker
+    import paramiko
+
+    return {"cudamedic": __version__, "python": platform.python_version(),
+            "paramiko": paramiko.__version__, "docker-py": docker.__version__}
+
+
+def bundle_dir_name(host: str, container: str | None, when: datetime) -> str:
+    stamp = when.strftime("%Y%m%dT%H%M%SZ")
+    return f"{host}-{container}-{stamp}" if container else f"{host}-{stamp}"
+
+
+def collect(
+    target: Target,
+    settings: Settings,
+    *,
+    container: str | None = None,
+    out_dir: Path | None = None,
+    trigger: str | None = None,
+) -> Path:
+    """Collect a bundle and return its directory. Raises only for bad input."""
+    if container is not None:
+        container = names.container_name(container)
+    started = time.monotonic()
+    when = datetime.now(UTC)
+    root = (out_dir or settings.out_dir) / bundle_dir_name(target.name, container, when)
+    try:
+        root.mkdir(parents=True, exist_ok=False)
+    except OSError as exc:
+        raise InputError(f"cannot create bundle directory {root}: {exc}") from exc
+    writer = _Writer(root)
+    if trigger:
+        writer.text("trigger.txt", trigger)
+
+    runner: CommandRunner | None = None
+    engine: DockerEngine | None = None
+    containers: list[str] = [container] if container else []
+    try:
+        if target.kind == "local":
+            runner = LocalRunner()
+        else:
+            assert target.host is not None
+            try:
+                runner = SshRunner(target.host, settings, jump_host=target.jump)
+                if isinstance(runner, SshRunner) and runner.accepted_host_key:
+                    writer.findings.append(Finding(
+                        code="host-key-accepted", severity="warning",
+                        message=f"unknown host key accepted by inventory opt-in: "
+                                f"{runner.accepted_host_key}"))
+            except TargetError as exc:
+                writer.add(SourceResult(name="ssh", status="error", error=str(exc)))
+                writer.findings.append(Finding(code="target-unreachable", severity="error",
+                                               message=str(exc)))
+        with concurrent.futures.ThreadPoolExecutor(max_workers=4) as pool:
+            futures: dict[concurrent.futures.Future[None], str] = {}
+            if runner is not None:
+                for src in HOST_SOURCES:
+                    futures[pool.submit(_run_host_source, runner, src, settings, writer)] = src.name
+                futures[pool.submit(_run_nccl_tests, runner, settings, writer)] = "nccl-tests"
+            else:
+                for src in HOST_SOURCES:
+                    writer.add(SourceResult(name=src.name, status="error",
+                                            error="host unreachable; see source 'ssh'"))
+            # Docker, beside the host commands.
+            if runner is not None:
+                try:
+                    if isinstance(runner, SshRunner):
+                        engine = DockerEngine.over_ssh(runner, target.host.docker_host
+                                                       if target.host else None,
+                                                       settings.docker_timeout)
+                    else:
+                        engine = DockerEngine.local(settings.docker_host, settings.docker_timeout)
+                except CudamedicError as exc:
+                    writer.add(SourceResult(name="docker", status="error", error=str(exc)))
+            if engine is not None:
+                _collect_docker(engine, containers, settings, writer)
+            for fut in concurrent.futures.as_completed(futures):
+                try:
+                    fut.result()
+                except Exception as exc:  # a bug in one source must not lose the others
+                    log.exception("source %s crashed", futures[fut])
+                    writer.add(SourceResult(name=futures[fut], status="error",
+                                            error=f"internal error: {type(exc).__name__}: {exc}"))
+    finally:
+        if engine is not None:
+            engine.close()
+        if runner is not None:
+            runner.close()
+
+    meta = BundleMeta(
+        host=target.name,
+        target=target.kind if target.kind == "local" else
+        f"ssh://{target.host.address}:{target.host.port}" if target.host else target.name,
+        containers=tuple(containers),
+        collected_at=when,
+        duration_s=round(time.monotonic() - started, 3),
+        trigger=redact_text(trigger) if trigger else None,
+        collector=_collector_versions(),
+        sources=tuple(sorted(writer.sources, key=lambda s: s.name)),
+        findings=tuple(writer.findings),
+    )
+    tmp = root / "bundle.json.tmp"
+    tmp.write_text(meta.model_dump_json(indent=2) + "\n", encoding="utf-8")
+    os.replace(tmp, root / "bundle.json")
+    return root
+
+
+def _collect_docker(engine: DockerEngine, containers: list[str], settings: Settings,
+                    writer: _Writer) -> None:
+    start = time.monotonic()
+    try:
+        writer.json("docker-info.json", engine.info())
+        writer.add(SourceResult(name="docker-info", path="docker-info.json", status="ok",
+                                duration_s=round(time.monotonic() - start, 3)))
+    except CudamedicError as exc:
+        writer.add(SourceResult(name="docker-info", status="error", error=str(exc)))
+        return
+    if not containers:
+        try:
+            containers.extend(_select_containers(engine, writer))
+        except CudamedicError as exc:
+            writer.add(SourceResult(name="containers", status="error", error=str(exc)))
+            return
+        if not containers:
+            writer.findings.append(Finding(code="no-gpu-containers", severity="info",
+                                           message="no running container has or wants GPUs"))
+    for name in containers:
+        _collect_container(engine, name, settings, writer)

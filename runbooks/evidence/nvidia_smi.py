@@ -1,0 +1,811 @@
+"""Parse what ``nvidia-smi`` printed: the plain table, an ``-L`` listing, or ``-q -x`` XML.
+
+Reads the bundle files ``nvidia-smi.txt`` (plain ``nvidia-smi``, ``nvidia-smi -L``, or the error
+text nvidia-smi printed instead of a table) and ``nvidia-smi.xml`` (``nvidia-smi -q -x``).
+Returns :class:`SmiFacts` / :class:`SmiXmlFacts`: driver and CUDA versions, one entry per GPU,
+the processes, and for the text form a ``status`` naming the failure nvidia-smi reported.
+Never raises: anything odd (an ``ERR!`` field, a row it could not read, truncated XML, a DOCTYPE
+with entities, binary junk) becomes a :class:`~runbooks.model.Finding`.
+
+Real example (8x H100 SXM, ``thamada/nvidia-smi`` ``nvsim/H100SXMx8_smi.py``)::
+
+    | NVIDIA-SMI 565.57.01              Driver Version: 565.57.01      CUDA Version: 12.7     |
+    ...
+    |   0  NVIDIA H100 80GB HBM3          On  |   00000000:18:00.0 Off |                    0 |
+    | N/A   30C    P0            100W /  700W |       1MiB /  81559MiB |      0%      Default |
+    |                                         |                        |             Disabled |
+
+parses to ``status="ok"``, ``driver_version="565.57.01"``, ``cuda_version="12.7"`` (the highest
+CUDA the driver supports) and ``gpus[0]`` with ``bus_id="0000:18:00.0"``, ``power_draw_w=100.0``,
+``memory_total_mib=81559`` and ``mig_mode="Disabled"``.
+
+Bus ids are normalised to the lower-case ``dddd:bb:dd.f`` form (NVML prints
+``00000000:3B:00.0``) so they match the ``PCI:0000:3b:00`` ids of kernel Xid lines.
+"""
+
+from __future__ import annotations
+
+import re
+import xml.etree.ElementTree as ET  # noqa: S405 - size-capped, DOCTYPE/ENTITY rejected first
+from typing import Literal
+
+from runbooks.model import Finding, Frozen, Line
+
+SmiStatus = Literal[
+    "ok", "driver-not-loaded", "library-mismatch", "no-devices", "not-found", "error", "empty"
+]
+
+MAX_LINE_CHARS = 2000  # text kept for a cited line
+MAX_SCAN_CHARS = 100_000  # longer lines are cited, never parsed: keeps every regex cheap
+MAX_XML_CHARS = 20_000_000  # an 8-GPU `-q -x` is ~200 kB; anything near this is not nvidia-smi
+
+
+# ---------------------------------------------------------------------------------- models
+
+
+class SmiGpu(Frozen):
+    """One GPU from the plain table (or an ``-L`` line). ``None`` means not shown or N/A."""
+
+    index: int | None = None
+    name: str = ""
+    uuid: str | None = None
+    bus_id: str | None = None
+    persistence_mode: str | None = None
+    display_active: str | None = None
+    volatile_uncorrected_ecc: str | None = None
+    fan_percent: int | None = None
+    temperature_c: int | None = None
+    perf_state: str | None = None
+    power_draw_w: float | None = None
+    power_cap_w: float | None = None
+    memory_used_mib: int | None = None
+    memory_total_mib: int | None = None
+    utilization_percent: int | None = None
+    compute_mode: str | None = None
+    mig_mode: str | None = None
+    mig_uuids: tuple[str, ...] = ()
+    err_fields: tuple[str, ...] = ()
+    line: Line | None = None
+
+
+class SmiProcess(Frozen):
+    gpu: int | None
+    gpu_instance: str | None = None
+    compute_instance: str | None = None
+    pid: int | None
+    type: str | None
+    name: str
+    used_mib: int | None
+    line: Line
+
+
+class SmiFacts(Frozen):
+    source: str
+    status: SmiStatus
+    status_line: Line | None = None
+    driver_version: str | None = None
+    cuda_version: str | None = None
+    nvml_library_version: str | None = None
+    gpus: tuple[SmiGpu, ...] = ()
+    processes: tuple[SmiProcess, ...] = ()
+    findings: tuple[Finding, ...] = ()
+
+
+class EccCounts(Frozen):
+    """ECC counters of one scope (volatile or aggregate). New drivers report SRAM/DRAM,
+    pre-Ampere ones report single/double bit totals; whichever is absent stays ``None``."""
+
+    sram_correctable: int | None = None
+    sram_uncorrectable: int | None = None
+    dram_correctable: int | None = None
+    dram_uncorrectable: int | None = None
+    single_bit_total: int | None = None
+    double_bit_total: int | None = None
+    sram_threshold_exceeded: bool | None = None
+
+
+class RetiredPages(Frozen):
+    sbe_count: int | None = None
+    dbe_count: int | None = None
+    pending_blacklist: bool | None = None
+    pending_retirement: bool | None = None
+
+
+class RemappedRows(Frozen):
+    correctable: int | None = None
+    uncorrectable: int | None = None
+    pending: bool | None = None
+    failure: bool | None = None
+
+
+class XmlProcess(Frozen):
+    pid: int | None
+    type: str | None
+    name: str
+    used_mib: int | None
+    gpu_instance_id: str | None = None
+    compute_instance_id: str | None = None
+
+
+class XmlGpu(Frozen):
+    position: int  # order in the file (nvidia-smi XML carries no index)
+    product_name: str | None = None
+    bus_id: str | None = None
+    uuid: str | None = None
+    serial: str | None = None
+    mig_mode: str | None = None
+    mig_mode_pending: str | None = None
+    mig_device_count: int = 0
+    ecc_mode: str | None = None
+    memory_total_mib: int | None = None
+    memory_used_mib: int | None = None
+    utilization_gpu_percent: int | None = None
+    utilization_memory_percent: int | None = None
+    temperature_c: int | None = None
+    slowdown_temp_c: int | None = None
+    shutdown_temp_c: int | None = None
+    memory_temp_c: int | None = None
+    power_draw_w: float | None = None
+    power_limit_w: float | None = None
+    performance_state: str | None = None
+    clock_event_reasons_active: tuple[str, ...] = ()
+    ecc_volatile: EccCounts | None = None
+    ecc_aggregate: EccCounts | None = None
+    retired_pages: RetiredPages | None = None
+    remapped_rows: RemappedRows | None = None
+    reset_required: str | None = None
+    recovery_action: str | None = None
+    processes: tuple[XmlProcess, ...] = ()
+
+
+class SmiXmlFacts(Frozen):
+    source: str
+    timestamp: str | None = None
+    driver_version: str | None = None
+    cuda_version: str | None = None
+    attached_gpus: int | None = None
+    gpus: tuple[XmlGpu, ...] = ()
+    truncated: bool = False
+    findings: tuple[Finding, ...] = ()
+
+
+# --------------------------------------------------------------------------------- helpers
+
+_CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\ufffd]")
+
+
+def split_lines(text: str) -> list[str]:
+    """Split on ``\\n`` only (not ``str.splitlines``), so line numbers match ``wc -l``/editors
+    even when binary junk contains form feeds or other separators; drop a trailing ``\\r``."""
+    parts = text.split("\n")
+    if parts and parts[-1] == "":
+        parts.pop()
+    return [p[:-1] if p.endswith("\r") else p for p in parts]
+
+
+def looks_binary(text: str) -> bool:
+    sample = text[:65536]
+    if not sample:
+        return False
+    return "\x00" in sample or len(_CONTROL.findall(sample)) > max(8, len(sample) // 100)
+
+
+def cite(source: str, number: int, text: str) -> Line:
+    return Line(source=source, line=number, text=text[:MAX_LINE_CHARS].rstrip())
+
+
+_BUS_ID = re.compile(
+    r"(?P<dom>[0-9A-Fa-f]{4,8}):(?P<bus>[0-9A-Fa-f]{2}):(?P<dev>[0-9A-Fa-f]{2})\.(?P<fn>[0-7])"
+)
+
+
+def normalize_bus_id(raw: str | None) -> str | None:
+    """``00000000:3B:00.0`` -> ``0000:3b:00.0``; ``None`` if there is no bus id in ``raw``."""
+    if not raw:
+        return None
+    m = _BUS_ID.search(raw)
+    if m is None:
+        return None
+    return f"{int(m['dom'], 16):04x}:{m['bus'].lower()}:{m['dev'].lower()}.{m['fn']}"
+
+
+_LEADING_NUMBER = re.compile(r"^\s*(-?\d+(?:\.\d+)?)")
+_NOT_A_VALUE = {"", "n/a", "[n/a]", "not supported", "[not supported]", "none", "unknown error"}
+
+
+def _number(raw: str | None) -> float | None:
+    if raw is None or raw.strip().lower() in _NOT_A_VALUE:
+        return None
+    m = _LEADING_NUMBER.match(raw)
+    return float(m.group(1)) if m else None
+
+
+def _integer(raw: str | None) -> int | None:
+    value = _number(raw)
+    return int(value) if value is not None else None
+
+
+def _is_err(raw: str | None) -> bool:
+    return raw is not None and "ERR" in raw.upper()
+
+
+def _value(raw: str | None) -> str | None:
+    if raw is None:
+        return None
+    raw = raw.strip()
+    return None if raw.lower() in _NOT_A_VALUE else raw
+
+
+# ------------------------------------------------------------------------------ plain text
+
+_DRIVER = re.compile(r"Driver Version:\s*(?P<v>[\w.-]+)")
+_CUDA = re.compile(r"CUDA Version:\s*(?P<v>\d+(?:\.\d+)*|N/A)")
+_NVML_LIB = re.compile(r"NVML library version:\s*(?P<v>[\w.-]+)", re.IGNORECASE)
+_GPU_HEAD = re.compile(r"^(?P<index>\d+)\s+(?P<name>.*?)(?:\s+(?P<pm>On|Off|N/A|ERR!))?$")
+_LIST_GPU = re.compile(r"^GPU (?P<index>\d+): (?P<name>.+?) \(UUID: (?P<uuid>GPU-[\w-]+)\)$")
+_LIST_MIG = re.compile(r"^MIG .*?Device\s+\d+: \(UUID: (?P<uuid>MIG-[\w/-]+)\)$")
+_PROC_NEW = re.compile(
+    r"^(?P<gpu>\d+)\s+(?P<gi>N/A|\d+)\s+(?P<ci>N/A|\d+)\s+(?P<pid>\d+)\s+"
+    r"(?P<type>C\+G|M\+C|C|G|M)\s+(?P<name>.*?)\s+(?P<mem>\d+MiB|N/A)$"
+)
+_PROC_OLD = re.compile(
+    r"^(?P<gpu>\d+)\s+(?P<pid>\d+)\s+(?P<type>C\+G|M\+C|C|G|M)\s+(?P<name>.*?)\s+"
+    r"(?P<mem>\d+MiB|N/A)$"
+)
+_MEMORY = re.compile(r"^(?P<used>\S+)\s*/\s*(?P<total>\S+)$")
+
+# Order is priority: the first kind found anywhere in the file decides `status`.
+_STATUS_PATTERNS: tuple[tuple[SmiStatus, re.Pattern[str]], ...] = (
+    ("driver-not-loaded", re.compile(r"couldn.t communicate with the NVIDIA driver", re.I)),
+    ("library-mismatch", re.compile(r"Driver/library version mismatch", re.I)),
+    ("no-devices", re.compile(r"No devices were found", re.I)),
+    (
+        "not-found",
+        re.compile(
+            r"nvidia-smi[\"':\s\\]{0,6}(?:command not found|not found|executable file not found"
+            r"|No such file or directory)",
+            re.I,
+        ),
+    ),
+    (
+        "error",
+        re.compile(
+            r"Failed to initialize NVML|NVIDIA-SMI has failed|Unable to determine the device"
+            r"|Unknown Error|GPU access blocked",
+            re.I,
+        ),
+    ),
+)
+
+
+def _cells(line: str) -> list[str] | None:
+    s = line.strip()
+    if len(s) < 2 or s[0] != "|" or s[-1] != "|":
+        return None
+    return [c.strip() for c in s[1:-1].split("|")]
+
+
+class _GpuDraft:
+    """Mutable accumulator for the 2-3 table rows that describe one GPU."""
+
+    def __init__(self, index: int, name: str, line: Line) -> None:
+        self.fields: dict[str, object] = {"index": index, "name": name, "line": line}
+        self.errs: list[str] = []
+        self.rows = 1
+
+    def put(self, key: str, raw: str | None, parsed: object) -> None:
+        if _is_err(raw):
+            self.errs.append(key)
+            return
+        self.fields[key] = parsed
+
+    def build(self) -> SmiGpu:
+        return SmiGpu.model_validate({**self.fields, "err_fields": tuple(self.errs)})
+
+
+def _first_row(draft: _GpuDraft, head: re.Match[str], cells: list[str]) -> None:
+    name = head["name"].strip()
+    if _is_err(name):
+        draft.errs.append("name")
+    draft.put("persistence_mode", head["pm"], head["pm"])
+    bus_cell = cells[1].split()
+    draft.fields["bus_id"] = normalize_bus_id(cells[1])
+    if len(bus_cell) > 1:
+        draft.put("display_active", bus_cell[-1], bus_cell[-1])
+    draft.put("volatile_uncorrected_ecc", cells[2], _value(cells[2]))
+
+
+def _second_row(draft: _GpuDraft, cells: list[str]) -> None:
+    tokens = cells[0].split()
+    if len(tokens) >= 3:
+        draft.put("fan_percent", tokens[0], _integer(tokens[0]))
+        draft.put("temperature_c", tokens[1], _integer(tokens[1]))
+        draft.put("perf_state", tokens[2], _value(tokens[2]))
+        draw, _, cap = " ".join(tokens[3:]).partition("/")
+        draft.put("power_draw_w", draw, _number(draw))
+        draft.put("power_cap_w", cap, _number(cap))
+    memory = _MEMORY.match(cells[1])
+    if memory:
+        draft.put("memory_used_mib", memory["used"], _integer(memory["used"]))
+        draft.put("memory_total_mib", memory["total"], _integer(memory["total"]))
+    elif cells[1]:
+        draft.put("memory_used_mib", cells[1], None)
+    util, _, mode = cells[2].partition(" ")
+    draft.put("utilization_percent", util, _integer(util))
+    draft.put("compute_mode", mode.strip() or None, _value(mode))
+
+
+def _status_of(lines: list[str], source: str) -> tuple[SmiStatus, Line] | None:
+    found: dict[SmiStatus, Line] = {}
+    for number, line in enumerate(lines, 1):
+        scan = line[:MAX_SCAN_CHARS]
+        for status, pattern in _STATUS_PATTERNS:
+            if status not in found and pattern.search(scan):
+                found[status] = cite(source, number, line)
+    for status, _ in _STATUS_PATTERNS:
+        if status in found:
+            return status, found[status]
+    return None
+
+
+def parse_nvidia_smi(text: str, source: str = "nvidia-smi.txt") -> SmiFacts:
+    """Parse plain ``nvidia-smi`` (or ``-L``, or its error text) into :class:`SmiFacts`."""
+    findings: list[Finding] = []
+    if not text.strip():
+        return SmiFacts(source=source, status="empty")
+    if looks_binary(text):
+        findings.append(
+            Finding(
+                code="binary-input",
+                message="file contains control characters or NUL bytes; not nvidia-smi text",
+                source=source,
+                severity="warning",
+            )
+        )
+
+    lines = split_lines(text)
+    gpus: list[SmiGpu] = []
+    processes: list[SmiProcess] = []
+    driver = cuda = nvml = None
+    header: Line | None = None
+    section = "gpus"
+    draft: _GpuDraft | None = None
+
+    def flush() -> None:
+        nonlocal draft
+        if draft is not None:
+            gpus.append(draft.build())
+            draft = None
+
+    for number, line in enumerate(lines, 1):
+        if len(line) > MAX_SCAN_CHARS:
+            findings.append(
+                Finding(
+                    code="line-too-long",
+                    message=f"line of {len(line)} characters skipped",
+                    source=source,
+                    line=number,
+                )
+            )
+            continue
+        if driver is None and (m := _DRIVER.search(line)):
+            driver, header = m["v"], cite(source, number, line)
+            cuda_match = _CUDA.search(line)
+            cuda = cuda_match["v"] if cuda_match and cuda_match["v"] != "N/A" else None
+        if nvml is None and (m := _NVML_LIB.search(line)):
+            nvml = m["v"]
+        if "Processes:" in line:
+            flush()
+            section = "processes"
+            continue
+        if "MIG devices:" in line:
+            flush()
+            section = "mig"
+            continue
+        stripped = line.strip()
+        if m := _LIST_GPU.match(stripped):
+            flush()
+            gpus.append(
+                SmiGpu(
+                    index=int(m["index"]),
+                    name=m["name"],
+                    uuid=m["uuid"],
+                    line=cite(source, number, line),
+                )
+            )
+            continue
+        if (m := _LIST_MIG.match(stripped)) and gpus and gpus[-1].uuid:
+            last = gpus[-1]
+            gpus[-1] = last.model_copy(update={"mig_uuids": (*last.mig_uuids, m["uuid"])})
+            continue
+        cells = _cells(line)
+        if cells is None:
+            continue
+        if section == "processes":
+            if len(cells) == 1:
+                proc = _process(cells[0], cite(source, number, line))
+                if proc is not None:
+                    processes.append(proc)
+            continue
+        if section != "gpus" or len(cells) != 3:
+            continue
+        head = _GPU_HEAD.match(cells[0])
+        if head and normalize_bus_id(cells[1]):
+            flush()
+            draft = _GpuDraft(int(head["index"]), head["name"].strip(), cite(source, number, line))
+            _first_row(draft, head, cells)
+        elif head and cells[1]:
+            findings.append(
+                Finding(
+                    code="smi-unparsed-row",
+                    message="row starts like a GPU row but has no bus id",
+                    source=source,
+                    line=number,
+                )
+            )
+        elif draft is not None and draft.rows == 1:
+            _second_row(draft, cells)
+            draft.rows = 2
+        elif draft is not None and draft.rows == 2 and not cells[0] and not cells[1]:
+            draft.put("mig_mode", cells[2], _value(cells[2]))
+            draft.rows = 3
+    flush()
+
+    for gpu in gpus:
+        if gpu.err_fields:
+            findings.append(
+                Finding(
+                    code="smi-err-field",
+                    message=f"GPU {gpu.index} ({gpu.bus_id}) shows ERR! in: "
+                    + ", ".join(gpu.err_fields),
+                    source=source,
+                    line=gpu.line.line if gpu.line else None,
+                    severity="warning",
+                )
+            )
+
+    reported = _status_of(lines, source)
+    status: SmiStatus
+    status_line: Line | None
+    if reported is not None:
+        status, status_line = reported
+    elif gpus or header or processes:
+        status = "ok"
+        status_line = header or (gpus[0].line if gpus else processes[0].line)
+        if not gpus and header:
+            findings.append(
+                Finding(code="smi-no-gpu-rows", message="header but no GPU rows", source=source)
+            )
+    else:
+        status, status_line = "error", None
+        findings.append(
+            Finding(
+                code="smi-unrecognized",
+                message="neither an nvidia-smi table nor a known nvidia-smi error",
+                source=source,
+                severity="warning",
+            )
+        )
+    return SmiFacts(
+        source=source,
+        status=status,
+        status_line=status_line,
+        driver_version=driver,
+        cuda_version=cuda,
+        nvml_library_version=nvml,
+        gpus=tuple(gpus),
+        processes=tuple(processes),
+        findings=tuple(findings),
+    )
+
+
+def _process(cell: str, line: Line) -> SmiProcess | None:
+    m = _PROC_NEW.match(cell)
+    gi = ci = None
+    if m:
+        gi, ci = _value(m["gi"]), _value(m["ci"])
+    else:
+        m = _PROC_OLD.match(cell)
+    if m is None:
+        return None
+    return SmiProcess(
+        gpu=int(m["gpu"]),
+        gpu_instance=gi,
+        compute_instance=ci,
+        pid=int(m["pid"]),
+        type=m["type"],
+        name=m["name"],
+        used_mib=_integer(m["mem"]),
+        line=line,
+    )
+
+
+# ------------------------------------------------------------------------------------- XML
+
+
+class _TreeBuilder:
+    """ElementTree target that keeps whatever was built when the parser stops on an error,
+    so a truncated file still yields its complete leading GPUs."""
+
+    def __init__(self) -> None:
+        self.root: ET.Element | None = None
+        self.stack: list[ET.Element] = []
+
+    def start(self, tag: str, attrib: dict[str, str]) -> None:
+        element = ET.Element(tag, attrib)
+        if self.stack:
+            self.stack[-1].append(element)
+        elif self.root is None:
+            self.root = element
+        self.stack.append(element)
+
+    def end(self, tag: str) -> None:
+        if self.stack:
+            self.stack.pop()
+
+    def data(self, data: str) -> None:
+        if self.stack:
+            element = self.stack[-1]
+            element.text = (element.text or "") + data
+
+    def close(self) -> ET.Element | None:
+        return self.root
+
+
+_DOCTYPE = re.compile(r"<!DOCTYPE[^>\[]*>", re.IGNORECASE)
+
+
+def _prepare_xml(text: str, source: str) -> tuple[str | None, Finding | None]:
+    """Return text safe to hand to expat, or a finding saying why it was refused.
+
+    nvidia-smi itself writes ``<!DOCTYPE nvidia_smi_log SYSTEM "nvsmi_device_v12.dtd">``; that
+    plain external reference is blanked (expat never fetches it). An internal subset or any
+    ``<!ENTITY`` is refused outright: entity expansion is the classic XML bomb.
+    """
+    upper = text.upper()
+    head = upper[:8192]
+    start = head.find("<!DOCTYPE")
+    declaration = head[start : head.find(">", start) if ">" in head[start:] else None]
+    if "<!ENTITY" in upper or (start >= 0 and "[" in declaration):
+        return None, Finding(
+            code="xml-doctype-rejected",
+            message="DOCTYPE with an internal subset or ENTITY declarations; not parsed",
+            source=source,
+            severity="error",
+        )
+    if upper.count("<!DOCTYPE") > 1:
+        return None, Finding(
+            code="xml-doctype-rejected",
+            message="more than one DOCTYPE; not parsed",
+            source=source,
+            severity="error",
+        )
+    # Keep newlines so parser line numbers still match the file.
+    return _DOCTYPE.sub(lambda m: re.sub(r"[^\n]", " ", m.group(0)), text, count=1), None
+
+
+def _txt(element: ET.Element | None, path: str) -> str | None:
+    if element is None:
+        return None
+    found = element.find(path)
+    if found is None or found.text is None:
+        return None
+    return found.text.strip() or None
+
+
+def _yes_no(raw: str | None) -> bool | None:
+    if raw is None:
+        return None
+    lowered = raw.strip().lower()
+    return True if lowered == "yes" else False if lowered == "no" else None
+
+
+def _ecc_scope(scope: ET.Element | None) -> EccCounts | None:
+    if scope is None:
+        return None
+    parity = _integer(_txt(scope, "sram_uncorrectable_parity"))
+    secded = _integer(_txt(scope, "sram_uncorrectable_secded"))
+    sram_unc = _integer(_txt(scope, "sram_uncorrectable"))
+    if sram_unc is None and (parity is not None or secded is not None):
+        sram_unc = (parity or 0) + (secded or 0)
+    counts = EccCounts(
+        sram_correctable=_integer(_txt(scope, "sram_correctable")),
+        sram_uncorrectable=sram_unc,
+        dram_correctable=_integer(_txt(scope, "dram_correctable")),
+        dram_uncorrectable=_integer(_txt(scope, "dram_uncorrectable")),
+        single_bit_total=_integer(_txt(scope, "single_bit/total")),
+        double_bit_total=_integer(_txt(scope, "double_bit/total")),
+        sram_threshold_exceeded=_yes_no(_txt(scope, "sram_threshold_exceeded")),
+    )
+    return None if counts == EccCounts() else counts
+
+
+def _retired(gpu: ET.Element) -> RetiredPages | None:
+    pages = gpu.find("retired_pages")
+    if pages is None:
+        return None
+    result = RetiredPages(
+        sbe_count=_integer(_txt(pages, "multiple_single_bit_retirement/retired_count")),
+        dbe_count=_integer(_txt(pages, "double_bit_retirement/retired_count")),
+        pending_blacklist=_yes_no(_txt(pages, "pending_blacklist")),
+        pending_retirement=_yes_no(_txt(pages, "pending_retirement")),
+    )
+    return None if result == RetiredPages() else result
+
+
+def _remapped(gpu: ET.Element) -> RemappedRows | None:
+    rows = gpu.find("remapped_rows")
+    if rows is None:
+        return None
+    result = RemappedRows(
+        correctable=_integer(_txt(rows, "remapped_row_corr")),
+        uncorrectable=_integer(_txt(rows, "remapped_row_unc")),
+        pending=_yes_no(_txt(rows, "remapped_row_pending")),
+        failure=_yes_no(_txt(rows, "remapped_row_failure")),
+    )
+    return None if result == RemappedRows() else result
+
+
+def _clock_events(gpu: ET.Element) -> tuple[str, ...]:
+    active: list[str] = []
+    for group in ("clocks_event_reasons", "clocks_throttle_reasons"):
+        reasons = gpu.find(group)
+        if reasons is None:
+            continue
+        for reason in reasons:
+            if (reason.text or "").strip() == "Active":
+                active.append(
+                    reason.tag.removeprefix("clocks_event_reason_").removeprefix(
+                        "clocks_throttle_reason_"
+                    )
+                )
+    return tuple(active)
+
+
+def _xml_processes(gpu: ET.Element) -> tuple[XmlProcess, ...]:
+    result: list[XmlProcess] = []
+    for info in gpu.findall("processes/process_info"):
+        result.append(
+            XmlProcess(
+                pid=_integer(_txt(info, "pid")),
+                type=_value(_txt(info, "type")),
+                name=_txt(info, "process_name") or "",
+                used_mib=_integer(_txt(info, "used_memory")),
+                gpu_instance_id=_value(_txt(info, "gpu_instance_id")),
+                compute_instance_id=_value(_txt(info, "compute_instance_id")),
+            )
+        )
+    return tuple(result)
+
+
+def _first(*values: str | None) -> str | None:
+    return next((v for v in values if _value(v) is not None), None)
+
+
+def _xml_gpu(position: int, gpu: ET.Element) -> XmlGpu:
+    power = gpu.find("gpu_power_readings")
+    if power is None:
+        power = gpu.find("power_readings")
+    ecc = gpu.find("ecc_errors")
+    return XmlGpu(
+        position=position,
+        product_name=_txt(gpu, "product_name"),
+        bus_id=normalize_bus_id(gpu.get("id") or _txt(gpu, "pci/pci_bus_id")),
+        uuid=_value(_txt(gpu, "uuid")),
+        serial=_value(_txt(gpu, "serial")),
+        mig_mode=_value(_txt(gpu, "mig_mode/current_mig")),
+        mig_mode_pending=_value(_txt(gpu, "mig_mode/pending_mig")),
+        mig_device_count=len(gpu.findall("mig_devices/mig_device")),
+        ecc_mode=_value(_txt(gpu, "ecc_mode/current_ecc")),
+        memory_total_mib=_integer(_txt(gpu, "fb_memory_usage/total")),
+        memory_used_mib=_integer(_txt(gpu, "fb_memory_usage/used")),
+        utilization_gpu_percent=_integer(_txt(gpu, "utilization/gpu_util")),
+        utilization_memory_percent=_integer(_txt(gpu, "utilization/memory_util")),
+        temperature_c=_integer(_txt(gpu, "temperature/gpu_temp")),
+        slowdown_temp_c=_integer(_txt(gpu, "temperature/gpu_temp_slow_threshold")),
+        shutdown_temp_c=_integer(_txt(gpu, "temperature/gpu_temp_max_threshold")),
+        memory_temp_c=_integer(_txt(gpu, "temperature/memory_temp")),
+        power_draw_w=_number(
+            _first(
+                _txt(power, "power_draw"),
+                _txt(power, "instant_power_draw"),
+                _txt(power, "average_power_draw"),
+            )
+        ),
+        power_limit_w=_number(
+            _first(
+                _txt(power, "current_power_limit"),
+                _txt(power, "enforced_power_limit"),
+                _txt(power, "power_limit"),
+            )
+        ),
+        performance_state=_value(_txt(gpu, "performance_state")),
+        clock_event_reasons_active=_clock_events(gpu),
+        ecc_volatile=_ecc_scope(ecc.find("volatile") if ecc is not None else None),
+        ecc_aggregate=_ecc_scope(ecc.find("aggregate") if ecc is not None else None),
+        retired_pages=_retired(gpu),
+        remapped_rows=_remapped(gpu),
+        reset_required=_value(_txt(gpu, "gpu_reset_status/reset_required")),
+        recovery_action=_value(_txt(gpu, "gpu_recovery_action")),
+        processes=_xml_processes(gpu),
+    )
+
+
+def parse_nvidia_smi_xml(text: str, source: str = "nvidia-smi.xml") -> SmiXmlFacts:
+    """Parse ``nvidia-smi -q -x`` into :class:`SmiXmlFacts`; a cut-off file keeps what it had."""
+    if not text.strip():
+        return SmiXmlFacts(
+            source=source,
+            findings=(Finding(code="xml-empty", message="empty file", source=source),),
+        )
+    if len(text) > MAX_XML_CHARS:
+        return SmiXmlFacts(
+            source=source,
+            findings=(
+                Finding(
+                    code="xml-too-large",
+                    message=f"{len(text)} characters; larger than any nvidia-smi XML",
+                    source=source,
+                    severity="error",
+                ),
+            ),
+        )
+    findings: list[Finding] = []
+    prepared, refusal = _prepare_xml(text, source)
+    if prepared is None:
+        return SmiXmlFacts(source=source, findings=(refusal,) if refusal else ())
+
+    builder = _TreeBuilder()
+    parser = ET.XMLParser(target=builder)  # noqa: S314 - input vetted by _prepare_xml
+    truncated = False
+    try:
+        parser.feed(prepared)
+        parser.close()
+    except ET.ParseError as exc:
+        row = exc.position[0] if exc.position else None
+        last_line = prepared.count("\n") + 1
+        message = str(exc)
+        at_end = row is not None and row >= last_line - 1
+        truncated = at_end and message.startswith(("no element found", "unclosed token"))
+        findings.append(
+            Finding(
+                code="xml-truncated" if truncated else "xml-malformed",
+                message=f"XML stops being well-formed: {message}; kept what came before",
+                source=source,
+                line=row,
+                severity="warning",
+            )
+        )
+    root = builder.root
+    if root is None:
+        return SmiXmlFacts(source=source, truncated=truncated, findings=tuple(findings))
+    if root.tag != "nvidia_smi_log":
+        findings.append(
+            Finding(
+                code="xml-unexpected-root",
+                message=f"root element is <{root.tag[:60]}>, not <nvidia_smi_log>",
+                source=source,
+                severity="warning",
+            )
+        )
+    gpu_elements = [root] if root.tag == "gpu" else root.findall(".//gpu")
+    gpus = tuple(_xml_gpu(i, g) for i, g in enumerate(gpu_elements))
+    attached = _integer(_txt(root, "attached_gpus"))
+    if attached is not None and attached != len(gpus):
+        findings.append(
+            Finding(
+                code="xml-gpu-count-mismatch",
+                message=f"attached_gpus says {attached}, file describes {len(gpus)}",
+                source=source,
+            )
+        )
+    return SmiXmlFacts(
+        source=source,
+        timestamp=_txt(root, "timestamp"),
+        driver_version=_value(_txt(root, "driver_version")),
+        cuda_version=_value(_txt(root, "cuda_version")),
+        attached_gpus=attached,
+        gpus=gpus,
+        truncated=truncated,
+        findings=tuple(findings),
+    )

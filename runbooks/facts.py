@@ -1,0 +1,213 @@
+"""Turn a bundle into `Facts`: every parser's output plus the signature scans (PURE but for
+streaming large log files out of the bundle).
+
+Which parser reads which bundle file is decided here, once. Example: ``containers/train.log`` is
+scanned for signatures and Python exceptions; ``containers/train.inspect.json`` becomes
+`InspectFacts`; ``nvidia-smi.txt`` becomes `SmiFacts`.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict
+
+from runbooks.bundle import LOG_FILE, Bundle
+from runbooks.evidence.dmesg import KernelLogFacts, parse_kernel_log
+from runbooks.evidence.docker_inspect import InspectFacts, parse_inspect
+from runbooks.evidence.nccl_tests import NcclTestFacts, parse_nccl_tests
+from runbooks.evidence.nvidia_smi import (
+    SmiFacts,
+    SmiXmlFacts,
+    parse_nvidia_smi,
+    parse_nvidia_smi_xml,
+)
+from runbooks.evidence.probes import (
+    DockerInfo,
+    Filesystem,
+    TorchProbe,
+    Ulimits,
+    parse_df,
+    parse_docker_info,
+    parse_torch_probe,
+    parse_ulimit,
+    python_exceptions,
+)
+from runbooks.logscan import ScanResult, Where, scan_stream
+from runbooks.model import Finding, Line
+
+Origin = Literal["host", "kernel", "container", "trigger"]
+
+
+class ContainerFacts(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str
+    inspect: InspectFacts | None = None
+    torch: TorchProbe | None = None
+    ulimits: Ulimits | None = None
+    shm: Filesystem | None = None
+    gpu_list: tuple[str, ...] | None = None  # `nvidia-smi -L` lines inside the container
+    env_probe: dict[str, str] = {}
+    has_log: bool = False
+    inspect_lines: dict[str, Line] = {}  # "ShmSize" -> the inspect JSON line that holds it
+
+
+class Facts(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    collected_at: datetime | None = None
+    smi: SmiFacts | None = None
+    smi_xml: SmiXmlFacts | None = None
+    kernel: KernelLogFacts | None = None
+    nccl: NcclTestFacts | None = None
+    docker_info: DockerInfo | None = None
+    df: tuple[Filesystem, ...] = ()
+    toolkit: str | None = None  # commands/container-toolkit.txt, as written
+    toolkit_missing: bool = False
+    lsmod: str | None = None
+    containers: dict[str, ContainerFacts] = {}
+    scans: list[ScanResult] = []
+    exceptions: list[Line] = []
+    ssh_error: str | None = None
+    findings: list[Finding] = []
+
+    def origin_of(self, source: str) -> Origin:
+        return origin_of(source)
+
+    @property
+    def incident_time(self) -> datetime | None:
+        """When the incident happened: the latest container exit, else the collection time."""
+        ends = []
+        for c in self.containers.values():
+            if c.inspect and c.inspect.finished_at and not c.inspect.running:
+                parsed = _parse_time(c.inspect.finished_at)
+                if parsed and parsed.year > 1:
+                    ends.append(parsed)
+        return max(ends) if ends else self.collected_at
+
+    @property
+    def started_at(self) -> datetime | None:
+        starts = [
+            t for c in self.containers.values() if c.inspect and c.inspect.started_at
+            for t in [_parse_time(c.inspect.started_at)] if t and t.year > 1
+        ]
+        return min(starts) if starts else None
+
+
+def _parse_time(value: str) -> datetime | None:
+    text = value.strip().replace("Z", "+00:00")
+    if "." in text:  # Docker prints nanoseconds; Python takes at most microseconds
+        head, _, rest = text.partition(".")
+        digits = "".join(ch for ch in rest if ch.isdigit())
+        tz = rest[len(digits):]
+        text = f"{head}.{digits[:6]}{tz}"
+    try:
+        parsed = datetime.fromisoformat(text)
+    except ValueError:
+        return None
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
+
+
+def origin_of(source: str) -> Origin:
+    if source.startswith("containers/"):
+        return "container"
+    if source == "dmesg.txt":
+        return "kernel"
+    if source == "trigger.txt":
+        return "trigger"
+    return "host"
+
+
+def _scan_kind(rel: str) -> Where | None:
+    if rel in ("bundle.json",) or rel.endswith((".json", ".xml")):
+        return None
+    if rel == "dmesg.txt":
+        return "kernel"
+    if rel.startswith("containers/") or rel == "trigger.txt":
+        return "log"
+    if rel == "nvidia-smi.txt" or rel.startswith("commands/") or rel == "nccl-tests.txt":
+        return "smi"
+    return "log"
+
+
+def gather(bundle: Bundle) -> Facts:
+    facts = Facts(findings=list(bundle.findings))
+    meta = bundle.meta
+    if meta is not None:
+        facts.collected_at = meta.collected_at
+        facts.findings.extend(meta.findings)
+        for src in meta.sources:
+            if src.name == "ssh" and src.status == "error":
+                facts.ssh_error = src.error
+            if src.name == "container-toolkit" and src.status == "failed" and src.error and \
+                    "not found" in src.error:
+                facts.toolkit_missing = True
+    files = bundle.files
+    if (text := bundle.text("nvidia-smi.txt")) is not None:
+        facts.smi = parse_nvidia_smi(text)
+    if (text := bundle.text("nvidia-smi.xml")) is not None and text.strip():
+        facts.smi_xml = parse_nvidia_smi_xml(text)
+    if (text := bundle.text("dmesg.txt")) is not None:
+        facts.kernel = parse_kernel_log(text)
+    if (text := bundle.text("nccl-tests.txt")) is not None:
+        facts.nccl = parse_nccl_tests(text)
+    if (text := files.get("docker-info.json")) is not None:
+        facts.docker_info = parse_docker_info(text)
+    if (text := files.get("commands/df.txt")) is not None:
+        facts.df = parse_df(text)
+    if (text := files.get("commands/container-toolkit.txt")) is not None:
+        facts.toolkit = text.strip() or None
+    if (text := files.get("commands/lsmod-nvidia.txt")) is not None:
+        facts.lsmod = text
+    for name in bundle.container_names():
+        facts.containers[name] = _container(bundle, name)
+    for rel in bundle.names():
+        kind = _scan_kind(rel)
+        if kind is None:
+            continue
+        with bundle.open(rel) as stream:
+            facts.scans.append(scan_stream(stream, rel, kind))
+        if kind == "log":
+            text = bundle.text(rel)
+            if text:
+                facts.exceptions.extend(python_exceptions(text, rel))
+    if LOG_FILE in bundle.names() and "log" not in facts.containers:
+        facts.containers["log"] = ContainerFacts(name="log", has_log=True)
+    return facts
+
+
+_INSPECT_KEYS = ("ShmSize", "IpcMode", "DeviceRequests", "Runtime", "OOMKilled", "Ulimits",
+                 "CapAdd", "ExitCode", "Image")
+
+
+def _key_lines(text: str, source: str) -> dict[str, Line]:
+    out: dict[str, Line] = {}
+    for number, raw in enumerate(text.splitlines()[:5000], 1):
+        for key in _INSPECT_KEYS:
+            if key not in out and f'"{key}":' in raw:
+                out[key] = Line(source=source, line=number, text=raw.strip()[:300])
+    return out
+
+
+def _container(bundle: Bundle, name: str) -> ContainerFacts:
+    base = f"containers/{name}"
+    facts = ContainerFacts(name=name, has_log=f"{base}.log" in bundle.names())
+    if (text := bundle.files.get(f"{base}.inspect.json")) is not None:
+        facts.inspect = parse_inspect(text, f"{base}.inspect.json")
+        facts.inspect_lines = _key_lines(text, f"{base}.inspect.json")
+    if (text := bundle.files.get(f"{base}.exec-torch.txt")) is not None:
+        facts.torch = parse_torch_probe(text, f"{base}.exec-torch.txt")
+    if (text := bundle.files.get(f"{base}.exec-ulimit.txt")) is not None:
+        facts.ulimits = parse_ulimit(text, f"{base}.exec-ulimit.txt")
+    if (text := bundle.files.get(f"{base}.exec-shm.txt")) is not None:
+        shm = [fs for fs in parse_df(text, f"{base}.exec-shm.txt") if fs.mount == "/dev/shm"]
+        facts.shm = shm[0] if shm else None
+    if (text := bundle.files.get(f"{base}.exec-nvidia-smi-L.txt")) is not None:
+        facts.gpu_list = tuple(ln for ln in text.splitlines() if ln.startswith("GPU "))
+    if (text := bundle.files.get(f"{base}.exec-env.txt")) is not None:
+        facts.env_probe = dict(
+            ln.split("=", 1) for ln in text.splitlines() if "=" in ln and not ln.startswith("#")
+        )
+    return facts

@@ -1,0 +1,70 @@
+"""Validation of every user-supplied string that can reach a shell, an SSH login or a Docker call.
+
+Validation refuses; it never "cleans". A refused value raises InputError with the reason, before
+anything runs. Example: ``container_name("x; touch /tmp/pwned")`` raises
+``InputError("invalid container name 'x; touch /tmp/pwned': ...")``.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+
+from runbooks.errors import InputError
+
+# Docker's own rule for container names (daemon/names: validContainerNamePattern).
+_CONTAINER = re.compile(r"/?[a-zA-Z0-9][a-zA-Z0-9_.-]{0,254}")
+_HOSTNAME = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,62})(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]{0,62}))*\.?")
+_INVENTORY_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
+_USER = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]{0,31}")
+
+
+def _show(value: str) -> str:
+    shown = value if len(value) <= 80 else value[:77] + "..."
+    return repr(shown)
+
+
+def container_name(value: str) -> str:
+    """Return the name without a leading '/', or raise InputError."""
+    if not isinstance(value, str) or not _CONTAINER.fullmatch(value):
+        raise InputError(
+            f"invalid container name {_show(str(value))}: allowed are letters, digits and '_.-', "
+            "starting with a letter or digit"
+        )
+    return value.lstrip("/")
+
+
+def host_address(value: str) -> str:
+    """A DNS name or an IP literal (IPv6 may be bracketed)."""
+    raw = value[1:-1] if value.startswith("[") and value.endswith("]") else value
+    try:
+        return str(ipaddress.ip_address(raw))
+    except ValueError:
+        pass
+    if not _HOSTNAME.fullmatch(raw) or len(raw) > 253:
+        raise InputError(f"invalid host address {_show(value)}: not a DNS name or IP address")
+    return raw
+
+
+def inventory_name(value: str) -> str:
+    if not _INVENTORY_NAME.fullmatch(value):
+        raise InputError(
+            f"invalid host name {_show(value)}: allowed are letters, digits and '_.-'"
+        )
+    return value
+
+
+def user_name(value: str) -> str:
+    if not _USER.fullmatch(value):
+        raise InputError(f"invalid user name {_show(value)}")
+    return value
+
+
+def port(value: int | str) -> int:
+    try:
+        number = int(value)
+    except (TypeError, ValueError):
+        raise InputError(f"invalid port {_show(str(value))}: not a number") from None
+    if not 1 <= number <= 65535:
+        raise InputError(f"invalid port {number}: must be 1..65535")
+    return number

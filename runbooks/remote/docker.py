@@ -1,0 +1,210 @@
+"""The Docker Engine API, locally or over SSH: the only module that imports docker-py.
+
+Remote engines are reached the way docker-py's ``ssh://`` transport does it (``docker system
+dial-stdio`` on the host), but over *our* paramiko session, so the same host-key policy, jump host
+and timeouts apply. Every call has the client timeout; reads of logs and exec output are bounded.
+docker-py and requests exceptions are translated to runbooks.errors here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
+
+import docker
+import docker.errors
+import paramiko
+import requests
+import urllib3
+from docker.transport.sshconn import SSHConnection, SSHConnectionPool, SSHHTTPAdapter
+
+from runbooks.errors import ContainerNotFound, EngineError, HostUnreachable
+from runbooks.remote.runner import BoundedBuffer, CommandResult
+from runbooks.remote.ssh import SshRunner, quote
+
+T = TypeVar("T")
+_API_VERSION = "1.41"  # Docker 20.10; newer engines negotiate down to what we use
+
+
+class _DialConnection(SSHConnection):  # type: ignore[misc]
+    def __init__(self, transport: paramiko.Transport, timeout: float, command: str) -> None:
+        super().__init__(ssh_transport=transport, timeout=timeout)
+        self._command = command
+
+    def connect(self) -> None:
+        sock = self.ssh_transport.open_session(timeout=self.timeout)
+        sock.settimeout(self.timeout)
+        sock.exec_command(self._command)
+        self.sock = sock
+
+
+class _DialPool(SSHConnectionPool):  # type: ignore[misc]
+    def __init__(self, transport: paramiko.Transport, timeout: float, command: str) -> None:
+        super().__init__(ssh_client=None, timeout=timeout, maxsize=4)
+        self.ssh_transport = transport
+        self._command = command
+
+    def _new_conn(self) -> _DialConnection:
+        return _DialConnection(self.ssh_transport, self.timeout, self._command)
+
+
+class _DialAdapter(SSHHTTPAdapter):  # type: ignore[misc]
+    def __init__(self, runner: SshRunner, timeout: float, docker_host: str | None) -> None:
+        self._runner = runner
+        self._timeout = timeout
+        env = f"DOCKER_HOST={quote(docker_host)} " if docker_host else ""
+        self._command = f"{env}docker system dial-stdio"
+        super().__init__("ssh://cudamedic", timeout=timeout, shell_out=True)
+        self.ssh_client = None
+
+    def get_connection(self, url: Any, proxies: Any = None) -> _DialPool:
+        with self.pools.lock:
+            pool = self.pools.get(url)
+            if pool is None:
+                pool = _DialPool(self._runner.transport, self._timeout, self._command)
+                self.pools[url] = pool
+            return pool  # type: ignore[no-any-return]
+
+    def close(self) -> None:
+        self.pools.clear()
+
+
+class DockerEngine:
+    """A handle on one Docker engine. `where` names it in messages (host name or 'local')."""
+
+    def __init__(self, api: docker.APIClient, where: str, timeout: float) -> None:
+        self.api = api
+        self.where = where
+        self.timeout = timeout
+
+    # -- construction ---------------------------------------------------------------------
+    @classmethod
+    def local(cls, base_url: str | None, timeout: float) -> DockerEngine:
+        try:
+            if base_url:
+                api = docker.APIClient(base_url=base_url, version=_API_VERSION, timeout=timeout)
+            else:
+                kwargs = docker.utils.kwargs_from_env()
+                kwargs.setdefault("base_url", "unix:///var/run/docker.sock")
+                api = docker.APIClient(version=_API_VERSION, timeout=timeout, **kwargs)
+        except docker.errors.DockerException as exc:
+            raise EngineError(f"local: cannot configure the Docker client: {exc}") from None
+        engine = cls(api, "local", timeout)
+        engine._negotiate()
+        return engine
+
+    @classmethod
+    def over_ssh(cls, runner: SshRunner, docker_host: str | None, timeout: float) -> DockerEngine:
+        api = docker.APIClient(base_url="unix:///nonexistent", version=_API_VERSION, timeout=timeout)
+        adapter = _DialAdapter(runner, timeout, docker_host)
+        api.mount("http+docker://ssh", adapter)
+        api.base_url = "http+docker://ssh"
+        api._custom_adapter = adapter
+        engine = cls(api, runner.name, timeout)
+        engine._negotiate()
+        return engine
+
+    def _negotiate(self) -> None:
+        version = self._call("version", lambda: self.api.version(api_version=False))
+        server = str(version.get("ApiVersion", _API_VERSION))
+        if _version_tuple(server) < _version_tuple(_API_VERSION):
+            self.api._version = server
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):
+            self.api.close()
+
+    # -- calls ----------------------------------------------------------------------------
+    def _call(self, what: str, fn: Callable[[], T]) -> T:
+        try:
+            return fn()
+        except docker.errors.NotFound as exc:
+            raise ContainerNotFound(f"{self.where}: {what}: {_explain(exc)}") from None
+        except docker.errors.APIError as exc:
+            raise EngineError(f"{self.where}: {what}: {_explain(exc)}") from None
+        except (requests.exceptions.ConnectionError, urllib3.exceptions.HTTPError) as exc:
+            raise HostUnreachable(f"{self.where}: Docker engine unreachable ({what}): {exc}") from None
+        except (requests.exceptions.Timeout, TimeoutError) as exc:
+            raise EngineError(f"{self.where}: Docker engine timed out ({what}): {exc}") from None
+        except (docker.errors.DockerException, requests.exceptions.RequestException) as exc:
+            raise EngineError(f"{self.where}: {what}: {exc}") from None
+        except (paramiko.SSHException, OSError) as exc:
+            raise HostUnreachable(f"{self.where}: Docker over SSH failed ({what}): {exc}") from None
+
+    def info(self) -> dict[str, Any]:
+        return self._call("info", self.api.info)  # type: ignore[no-any-return]
+
+    def containers(self, all_: bool = False) -> list[dict[str, Any]]:
+        return self._call("list containers", lambda: self.api.containers(all=all_))  # type: ignore[no-any-return]
+
+    def inspect(self, name: str) -> dict[str, Any]:
+        return self._call(f"inspect {name}", lambda: self.api.inspect_container(name))  # type: ignore[no-any-return]
+
+    def logs_tail(self, name: str, lines: int, max_bytes: int) -> tuple[bytes, bool, int]:
+        """The last `lines` lines of stdout+stderr, at most `max_bytes` (newest kept)."""
+        buf = BoundedBuffer(max_bytes, "tail")
+
+        def read() -> None:
+            stream: Iterator[bytes] = self.api.logs(
+                name, stdout=True, stderr=True, tail=lines, stream=True, follow=False
+            )
+            for chunk in stream:
+                buf.write(chunk)
+
+        self._call(f"logs {name}", read)
+        return buf.getvalue(), buf.truncated, buf.seen
+
+    def exec(self, name: str, argv: list[str], timeout: float, max_bytes: int) -> CommandResult:
+        """Run argv inside a running container (no shell on our side), bounded in time and size."""
+        start = time.monotonic()
+        out = BoundedBuffer(max_bytes, "head")
+        err = BoundedBuffer(max_bytes, "tail")
+        exec_id = self._call(
+            f"exec in {name}",
+            lambda: self.api.exec_create(name, argv, stdout=True, stderr=True, tty=False)["Id"],
+        )
+        timed_out = False
+
+        def read() -> None:
+            nonlocal timed_out
+            for stdout, stderr in self.api.exec_start(exec_id, stream=True, demux=True):
+                out.write(stdout or b"")
+                err.write(stderr or b"")
+                if time.monotonic() - start > timeout:
+                    timed_out = True
+                    return
+
+        try:
+            self._call(f"exec in {name}", read)
+        except EngineError as exc:
+            if "timed out" not in str(exc):
+                raise
+            timed_out = True
+        code: int | None = None
+        if not timed_out:
+            inspected = self._call("exec inspect", lambda: self.api.exec_inspect(exec_id))
+            code = inspected.get("ExitCode")
+        return CommandResult(
+            command=" ".join(argv),
+            exit_code=code,
+            stdout=out.getvalue(),
+            stderr=err.getvalue(),
+            timed_out=timed_out,
+            truncated=out.truncated,
+            bytes_seen=out.seen,
+            duration_s=round(time.monotonic() - start, 3),
+        )
+
+
+def _explain(exc: docker.errors.APIError) -> str:
+    explanation = getattr(exc, "explanation", None)
+    return str(explanation or exc)
+
+
+def _version_tuple(v: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(p) for p in v.split("."))
+    except ValueError:
+        return (0,)

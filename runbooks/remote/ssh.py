@@ -1,0 +1,230 @@
+"""SSH to a host with paramiko: connection policy, host-key checking, bounded command runs.
+
+The only module that imports paramiko. Host keys are checked against ``known_hosts`` (the user's,
+the system's and ``Settings.known_hosts``); an unknown key is rejected unless the inventory opts
+in for that host (``accept_unknown_host_key``), a changed key is always rejected. ``~/.ssh/config``
+supplies HostName, Port, User, IdentityFile, ProxyJump and UserKnownHostsFile. paramiko's
+exceptions are translated to runbooks.errors here and nowhere else.
+"""
+
+from __future__ import annotations
+
+import logging
+import select
+import shlex
+import socket
+import time
+from pathlib import Path
+from typing import Any
+
+import paramiko
+
+from runbooks.errors import AuthFailed, HostKeyRejected, HostUnreachable, InputError, TargetError
+from runbooks.inventory import Host
+from runbooks.remote.runner import BoundedBuffer, CommandResult, Keep
+from runbooks.settings import Settings
+
+log = logging.getLogger(__name__)
+logging.getLogger("paramiko").setLevel(logging.CRITICAL)
+
+
+class _AcceptOnce(paramiko.MissingHostKeyPolicy):
+    """Opt-in policy for one host: accept an unknown key for this connection, never save it."""
+
+    def __init__(self) -> None:
+        self.accepted: str | None = None
+
+    def missing_host_key(self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey) -> None:
+        self.accepted = f"{key.get_name()} {key.fingerprint}"
+        log.warning("accepting unknown host key for %s (%s) by inventory opt-in", hostname, self.accepted)
+
+
+def _ssh_config(settings: Settings, address: str) -> dict[str, Any]:
+    path = settings.ssh_config or Path("~/.ssh/config").expanduser()
+    if not path.is_file():
+        return {}
+    try:
+        config = paramiko.SSHConfig.from_path(str(path))
+        return dict(config.lookup(address))
+    except (OSError, paramiko.SSHException, ValueError) as exc:
+        raise InputError(f"cannot read ssh config {path}: {exc}") from exc
+
+
+def _parse_jump(spec: str) -> tuple[str | None, str, int]:
+    user, _, rest = spec.rpartition("@")
+    host, _, port = rest.partition(":")
+    return (user or None), host, int(port) if port else 22
+
+
+class SshRunner:
+    """A connected SSH session to one host; runs commands with a timeout and an output bound."""
+
+    def __init__(
+        self,
+        host: Host,
+        settings: Settings,
+        *,
+        jump_host: Host | None = None,
+    ) -> None:
+        self.host = host
+        self.name = host.name
+        self.settings = settings
+        self.accepted_host_key: str | None = None
+        self._jump: SshRunner | None = None
+        self._client = self._connect(jump_host)
+
+    # -- connection -----------------------------------------------------------------------
+    def _connect(self, jump_host: Host | None) -> paramiko.SSHClient:
+        host, settings = self.host, self.settings
+        cfg = _ssh_config(settings, host.address)
+        address = str(cfg.get("hostname", host.address))
+        port = host.port if host.port != 22 else int(cfg.get("port", 22))
+        user = host.user or cfg.get("user") or settings.ssh_user or "root"
+        key_files = [str(host.key_file)] if host.key_file else []
+        if not key_files and settings.ssh_key:
+            key_files = [str(settings.ssh_key)]
+        if not key_files and cfg.get("identityfile"):
+            key_files = [str(Path(p).expanduser()) for p in cfg["identityfile"]]
+
+        client = paramiko.SSHClient()
+        try:
+            client.load_system_host_keys()
+        except (OSError, paramiko.SSHException) as exc:
+            raise InputError(f"cannot read ~/.ssh/known_hosts: {exc}") from exc
+        extra = [settings.known_hosts] if settings.known_hosts else []
+        extra += [Path(p).expanduser() for p in str(cfg.get("userknownhostsfile", "")).split() if p]
+        for path in extra:
+            if path.is_file():
+                try:
+                    client.load_host_keys(str(path))
+                except (OSError, paramiko.SSHException) as exc:
+                    raise InputError(f"cannot read known_hosts file {path}: {exc}") from exc
+        policy: paramiko.MissingHostKeyPolicy
+        policy = _AcceptOnce() if host.accept_unknown_host_key else paramiko.RejectPolicy()
+        client.set_missing_host_key_policy(policy)
+
+        sock: Any = None
+        jump_spec = host.jump or cfg.get("proxyjump")
+        if jump_spec:
+            if jump_host is None:
+                juser, jaddr, jport = _parse_jump(str(jump_spec))
+                jump_host = Host(name=jaddr.replace(":", "_") or "jump", address=jaddr, port=jport,
+                                 user=juser)
+            self._jump = SshRunner(jump_host, settings)
+            try:
+                transport = self._jump._client.get_transport()
+                assert transport is not None
+                sock = transport.open_channel(
+                    "direct-tcpip", (address, port), ("127.0.0.1", 0),
+                    timeout=settings.ssh_connect_timeout,
+                )
+            except (paramiko.SSHException, OSError) as exc:
+                self._jump.close()
+                raise HostUnreachable(
+                    f"{host.name}: jump host {jump_host.name} cannot reach {address}:{port}: {exc}"
+                ) from exc
+
+        timeout = settings.ssh_connect_timeout
+        where = f"{user}@{address}:{port}"
+        try:
+            client.connect(
+                address,
+                port=port,
+                username=user,
+                key_filename=key_files or None,
+                password=settings.ssh_password.get_secret_value() if settings.ssh_password else None,
+                look_for_keys=not key_files,
+                allow_agent=True,
+                timeout=timeout,
+                banner_timeout=timeout,
+                auth_timeout=timeout,
+                channel_timeout=timeout,
+                sock=sock,
+            )
+        except paramiko.BadHostKeyException as exc:
+            raise HostKeyRejected(
+                f"{host.name} ({where}): host key CHANGED — got {exc.key.get_name()} "
+                f"{exc.key.fingerprint}, known_hosts has {exc.expected_key.fingerprint}. "
+                "Refusing to connect (possible man-in-the-middle). Verify the host, then update "
+                "known_hosts."
+            ) from None
+        except paramiko.AuthenticationException as exc:
+            raise AuthFailed(f"{host.name} ({where}): authentication failed: {exc}") from None
+        except paramiko.SSHException as exc:
+            text = str(exc)
+            if "not found in known_hosts" in text:
+                raise HostKeyRejected(
+                    f"{host.name} ({where}): unknown host key (not in known_hosts). Add it with "
+                    f"ssh-keyscan after verifying it, or set accept_unknown_host_key for this host."
+                ) from None
+            raise HostUnreachable(f"{host.name} ({where}): SSH error: {text}") from None
+        except (TimeoutError, socket.timeout) as exc:
+            raise HostUnreachable(f"{host.name} ({where}): timed out after {timeout:g}s") from exc
+        except OSError as exc:
+            raise HostUnreachable(f"{host.name} ({where}): {exc.strerror or exc}") from None
+        except (ValueError, TypeError) as exc:  # bad key file contents and the like
+            raise InputError(f"{host.name} ({where}): {exc}") from None
+        if isinstance(policy, _AcceptOnce):
+            self.accepted_host_key = policy.accepted
+        return client
+
+    @property
+    def transport(self) -> paramiko.Transport:
+        transport = self._client.get_transport()
+        if transport is None or not transport.is_active():
+            raise TargetError(f"{self.name}: SSH connection is closed")
+        return transport
+
+    # -- commands -------------------------------------------------------------------------
+    def run(
+        self, command: str, *, timeout: float, max_bytes: int, keep: Keep = "head"
+    ) -> CommandResult:
+        start = time.monotonic()
+        out, err = BoundedBuffer(max_bytes, keep), BoundedBuffer(max(max_bytes // 4, 65536), "tail")
+        try:
+            chan = self.transport.open_session(timeout=self.settings.ssh_connect_timeout)
+            chan.settimeout(0.5)
+            chan.exec_command(command)
+        except (paramiko.SSHException, OSError) as exc:
+            return CommandResult(command=command, exit_code=255, stderr=f"ssh: {exc}".encode())
+        deadline = start + timeout
+        timed_out = False
+        try:
+            while True:
+                if chan.recv_ready():
+                    out.write(chan.recv(65536))
+                elif chan.recv_stderr_ready():
+                    err.write(chan.recv_stderr(65536))
+                elif chan.exit_status_ready() or chan.closed:
+                    break
+                elif time.monotonic() > deadline:
+                    timed_out = True
+                    break
+                else:
+                    select.select([chan], [], [], min(0.2, max(0.0, deadline - time.monotonic())))
+            code = None if timed_out else chan.recv_exit_status()
+        except (paramiko.SSHException, OSError) as exc:
+            err.write(f"\nssh: {exc}".encode())
+            code = 255
+        finally:
+            chan.close()
+        return CommandResult(
+            command=command,
+            exit_code=code,
+            stdout=out.getvalue(),
+            stderr=err.getvalue(),
+            timed_out=timed_out,
+            truncated=out.truncated,
+            bytes_seen=out.seen,
+            duration_s=round(time.monotonic() - start, 3),
+        )
+
+    def close(self) -> None:
+        self._client.close()
+        if self._jump is not None:
+            self._jump.close()
+
+
+def quote(value: str) -> str:
+    """Shell-quote one argument for a remote POSIX shell."""
+    return shlex.quote(value)

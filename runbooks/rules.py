@@ -1,0 +1,552 @@
+"""Classifier rules, one function per incident class, registered with its root-cause priority.
+
+A rule reads `Facts` and returns a `Match` (class, confidence, cited lines) or None. Signature
+hits (runbooks/knowledge/signatures.yaml) give every class its log evidence; the rules add what
+facts say (inspect flags, versions, Xid catalogue, ECC rules, bandwidth floors) and decide where
+a line's origin changes its meaning (``couldn't communicate with the NVIDIA driver`` from the
+host's nvidia-smi means the driver is down; from inside a container without GPUs it means the
+container was started without them).
+
+PRIORITY orders root causes over symptoms (taxonomy notes): a strong match of a higher-priority
+class wins over any other strong match. Adding a class = one function + one priority entry.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterable
+from datetime import timedelta
+
+from runbooks import knowledge
+from runbooks.facts import ContainerFacts, Facts, Origin
+from runbooks.logscan import signature, signatures
+from runbooks.model import Line, Match
+from runbooks.taxonomy import Incident
+
+Rule = Callable[[Facts], Match | None]
+RULES: dict[Incident, Rule] = {}
+PRIORITY: dict[Incident, int] = {
+    Incident.GPU_HARDWARE_FAULT: 100,
+    Incident.DRIVER_NOT_LOADED: 96,
+    Incident.DRIVER_LIBRARY_MISMATCH: 95,
+    Incident.DRIVER_TOO_OLD: 92,
+    Incident.CONTAINER_TOOLKIT_MISSING: 90,
+    Incident.HOST_OOM_KILLED: 80,
+    Incident.CPU_ONLY_BUILD: 74,
+    Incident.GPU_NOT_REQUESTED: 72,
+    Incident.ARCH_UNSUPPORTED: 70,
+    Incident.INVALID_DEVICE_ORDINAL: 66,
+    Incident.SHM_TOO_SMALL: 62,
+    Incident.MEMLOCK_LIMIT: 60,
+    Incident.DISK_FULL: 58,
+    Incident.VOLUME_PERMISSION_DENIED: 56,
+    Incident.SSH_ACCESS_DENIED: 54,
+    Incident.CUDA_ILLEGAL_ACCESS: 50,
+    Incident.CUDA_OOM: 48,
+    Incident.NCCL_SLOW_TRANSPORT: 40,
+    Incident.NCCL_ERROR: 30,
+    Incident.NCCL_TIMEOUT: 20,
+}
+STRONG = 0.75  # a match at least this sure is a candidate root cause
+MIN_CONFIDENCE = 0.45  # below this a match is noise
+XID_WINDOW = timedelta(hours=6)  # an Xid older than this before the incident is context
+DEFAULT_SHM = 64 * 1024 * 1024
+
+
+def rule(incident: Incident) -> Callable[[Rule], Rule]:
+    def register(fn: Rule) -> Rule:
+        if incident in RULES:
+            raise ValueError(f"two rules for {incident}")
+        RULES[incident] = fn
+        return fn
+
+    return register
+
+
+# -- helpers over signature hits ---------------------------------------------------------------
+def hits(facts: Facts, sig_ids: Iterable[str], origins: Iterable[Origin] | None = None) -> list[Line]:
+    wanted = set(sig_ids)
+    allowed = set(origins) if origins is not None else None
+    out: list[Line] = []
+    for scan in facts.scans:
+        if allowed is not None and facts.origin_of(scan.source) not in allowed:
+            continue
+        for sid, h in scan.hits.items():
+            if sid in wanted:
+                out.extend(h.lines())
+    return sorted(out, key=lambda ln: (ln.source, ln.line))
+
+
+def class_sigs(incident: Incident, roles: Iterable[str] = ("cause", "symptom", "context")) -> list[str]:
+    wanted = set(roles)
+    return [s.id for s in signatures() if s.incident == incident and s.role in wanted]
+
+
+def sig_match(facts: Facts, incident: Incident, origins: Iterable[Origin] | None = None,
+              exclude: Iterable[str] = (), reason: str = "") -> Match | None:
+    """A Match from every signature of the class; confidence = the best weight, +0.03 for each
+    further distinct signature that also matched (corroboration), capped at 0.99."""
+    skip = set(exclude)
+    found: dict[str, list[Line]] = {}
+    for sid in class_sigs(incident):
+        if sid in skip:
+            continue
+        lines = hits(facts, [sid], origins)
+        if lines:
+            found[sid] = lines
+    if not found:
+        return None
+    weights = sorted((signature(s).weight for s in found), reverse=True)
+    confidence = min(0.99, weights[0] + 0.03 * (len(weights) - 1))
+    evidence = _dedupe(line for lines in found.values() for line in lines)
+    return Match(incident=incident, confidence=round(confidence, 2), evidence=tuple(evidence[:8]),
+                 reason=reason or f"matched {', '.join(sorted(found))}", rule="signatures")
+
+
+def _dedupe(lines: Iterable[Line]) -> list[Line]:
+    seen: set[tuple[str, int]] = set()
+    out = []
+    for ln in sorted(lines, key=lambda x: (x.source, x.line)):
+        if (ln.source, ln.line) not in seen:
+            seen.add((ln.source, ln.line))
+            out.append(ln)
+    return out
+
+
+def _boost(match: Match | None, incident: Incident, confidence: float, evidence: Iterable[Line],
+           reason: str) -> Match:
+    """Combine a signature match with fact evidence: the higher confidence, all lines."""
+    lines = list(evidence)
+    if match is None:
+        return Match(incident=incident, confidence=round(min(confidence, 0.99), 2),
+                     evidence=tuple(_dedupe(lines)[:8]), reason=reason, rule="facts")
+    return Match(
+        incident=incident,
+        confidence=round(min(0.99, max(match.confidence, confidence) + 0.02), 2),
+        evidence=tuple(_dedupe([*lines, *match.evidence])[:8]),
+        reason=f"{reason}; {match.reason}" if reason else match.reason,
+        rule="facts+signatures",
+    )
+
+
+def _inspect_line(c: ContainerFacts, key: str, text: str | None = None) -> Line:
+    """Cite the inspect JSON line that holds `key` (or the file itself when not found)."""
+    found = c.inspect_lines.get(key)
+    if found is not None:
+        return found
+    return Line(source=f"containers/{c.name}.inspect.json", line=0, text=text or key)
+
+
+def host_has_gpus(facts: Facts) -> bool:
+    if facts.smi is not None and facts.smi.status == "ok" and facts.smi.gpus:
+        return True
+    return bool(facts.smi_xml and facts.smi_xml.gpus)
+
+
+def host_gpu_count(facts: Facts) -> int:
+    if facts.smi is not None and facts.smi.gpus:
+        return len(facts.smi.gpus)
+    if facts.smi_xml is not None:
+        return len(facts.smi_xml.gpus)
+    return 0
+
+
+def recent(facts: Facts, when: object, uptime: float | None = None) -> bool:
+    """Was an event (kernel timestamp or uptime) close enough before the incident to count?"""
+    from datetime import datetime
+
+    incident = facts.incident_time
+    if isinstance(when, datetime) and incident is not None:
+        if when.tzinfo is None:
+            when = when.replace(tzinfo=incident.tzinfo)
+        start = facts.started_at
+        if start is not None and when < start - timedelta(minutes=5):
+            return False  # before the workload even started
+        return incident - XID_WINDOW <= when <= incident + timedelta(minutes=10)
+    if uptime is not None and facts.kernel is not None:
+        last = max((x.uptime_s or 0.0 for x in facts.kernel.xids), default=0.0)
+        newest = max([last] + [n.uptime_s or 0.0 for n in facts.kernel.nvrm])
+        return newest - uptime <= XID_WINDOW.total_seconds()
+    return True  # no timing known: assume it belongs to the incident
+
+
+# -- rules -------------------------------------------------------------------------------------
+@rule(Incident.GPU_HARDWARE_FAULT)
+def gpu_hardware_fault(facts: Facts) -> Match | None:
+    match = sig_match(facts, Incident.GPU_HARDWARE_FAULT)
+    lines: list[Line] = []
+    best = 0.0
+    reasons = []
+    if facts.kernel is not None:
+        for xid in facts.kernel.xids:
+            info = knowledge.xid_info(xid.code)
+            if info is None or not info.fault:
+                continue
+            if not recent(facts, xid.timestamp, xid.uptime_s):
+                continue
+            lines.append(xid.line)
+            best = max(best, 0.95 if info.severity == "critical" else 0.8)
+            reasons.append(f"Xid {xid.code} ({info.mnemonic}): NVIDIA action {info.immediate_action}")
+    for ln in hits(facts, ["xid-mention"], origins=("container", "trigger", "host")):
+        for code in _XID_CODE.findall(ln.text):
+            info = knowledge.xid_info(int(code))
+            if info is not None and info.fault:
+                lines.append(ln)
+                best = max(best, 0.9 if info.severity == "critical" else 0.75)
+                reasons.append(f"Xid {code} ({info.mnemonic}) reported")
+                break
+    if facts.smi is not None:
+        for gpu in facts.smi.gpus:
+            if gpu.err_fields and gpu.line is not None:
+                lines.append(gpu.line)
+                best = max(best, 0.85)
+                reasons.append(f"nvidia-smi shows ERR! for GPU {gpu.index} ({', '.join(gpu.err_fields)})")
+    if facts.smi_xml is not None:
+        rules = knowledge.ecc_rules()
+        for gpu in facts.smi_xml.gpus:
+            tripped = _ecc_faults(gpu, rules)
+            if tripped:
+                best = max(best, 0.9)
+                lines.append(Line(source="nvidia-smi.xml", line=0,
+                                  text=f"GPU {gpu.bus_id}: {', '.join(tripped)}"))
+                reasons.append(f"GPU {gpu.bus_id}: {', '.join(tripped)}")
+    if not lines:
+        if match is None or facts.kernel is None:
+            return match
+        # Signature-only: kernel lines of old Xids are context, not the cause.
+        old = {x.line.line for x in facts.kernel.xids if not recent(facts, x.timestamp, x.uptime_s)}
+        kept = tuple(ln for ln in match.evidence if not (ln.source == "dmesg.txt" and ln.line in old))
+        return match.model_copy(update={"evidence": kept}) if kept else None
+    return _boost(match, Incident.GPU_HARDWARE_FAULT, best, lines, "; ".join(reasons))
+
+
+_XID_CODE = re.compile(r"Xid\s*(?:\(PCI:[^)]*\))?[\s:,]*(\d{1,3})\b")
+
+
+def _ecc_faults(gpu: object, rules: knowledge.EccRules) -> list[str]:
+    out: list[str] = []
+    rows = getattr(gpu, "remapped_rows", None)
+    if rows is not None:
+        if rows.pending:
+            out.append("row remap pending")
+        if rows.failure:
+            out.append("row remap FAILED")
+    for label in ("ecc_volatile", "ecc_aggregate"):
+        ecc = getattr(gpu, label, None)
+        if ecc is None:
+            continue
+        if (ecc.sram_uncorrectable or 0) > 0:
+            out.append(f"SRAM uncorrectable ECC {ecc.sram_uncorrectable} ({label[4:]})")
+        if (ecc.dram_uncorrectable or 0) > 20_000_000 or (ecc.dram_correctable or 0) > 20_000_000:
+            out.append(f"DRAM ECC over 20,000,000 ({label[4:]})")
+    pages = getattr(gpu, "retired_pages", None)
+    if pages is not None:
+        total = (pages.sbe_count or 0) + (pages.dbe_count or 0)
+        if total >= 62 and pages.pending_blacklist:
+            out.append(f"retired pages {total} with pending blacklist (table full)")
+    return sorted(set(out))
+
+
+@rule(Incident.DRIVER_NOT_LOADED)
+def driver_not_loaded(facts: Facts) -> Match | None:
+    host = sig_match(facts, Incident.DRIVER_NOT_LOADED, origins=("host", "kernel", "trigger"))
+    if facts.smi is not None and facts.smi.status == "driver-not-loaded":
+        lines = [facts.smi.status_line] if facts.smi.status_line else []
+        return _boost(host, Incident.DRIVER_NOT_LOADED, 0.95, lines,
+                      "the host's nvidia-smi cannot talk to the driver")
+    inside = sig_match(facts, Incident.DRIVER_NOT_LOADED, origins=("container",))
+    if inside is not None:
+        # Seen only inside a container: the driver is down only if the container had GPUs.
+        gpu_less = [c for c in facts.containers.values()
+                    if c.inspect is not None and not c.inspect.has_gpu_access]
+        if gpu_less or host_has_gpus(facts):
+            inside = None
+    if host is None and inside is None:
+        return None
+    if host is not None and host_has_gpus(facts):
+        return host.model_copy(update={"confidence": min(host.confidence, 0.6)})
+    return host or inside
+
+
+@rule(Incident.DRIVER_LIBRARY_MISMATCH)
+def driver_library_mismatch(facts: Facts) -> Match | None:
+    match = sig_match(facts, Incident.DRIVER_LIBRARY_MISMATCH)
+    if facts.smi is not None and facts.smi.status == "library-mismatch":
+        lines = [facts.smi.status_line] if facts.smi.status_line else []
+        return _boost(match, Incident.DRIVER_LIBRARY_MISMATCH, 0.97, lines,
+                      "NVML reports a driver/library version mismatch")
+    if facts.kernel is not None:
+        lines = [n.line for n in facts.kernel.nvrm if n.api_mismatch]
+        if lines:
+            return _boost(match, Incident.DRIVER_LIBRARY_MISMATCH, 0.95, lines,
+                          "the kernel module and user-space driver differ (NVRM: API mismatch)")
+    return match
+
+
+@rule(Incident.DRIVER_TOO_OLD)
+def driver_too_old(facts: Facts) -> Match | None:
+    match = sig_match(facts, Incident.DRIVER_TOO_OLD)
+    driver = (facts.smi.driver_version if facts.smi else None) or (
+        facts.smi_xml.driver_version if facts.smi_xml else None)
+    if driver is None:
+        return match
+    for c in facts.containers.values():
+        wanted = (c.torch.cuda if c.torch and c.torch.cuda else None) or (
+            c.inspect.image_cuda if c.inspect else None)
+        if not wanted:
+            continue
+        ok = knowledge.driver_satisfies(driver, wanted)
+        if ok is False:
+            line = facts.smi.status_line if facts.smi and facts.smi.status_line else Line(
+                source="nvidia-smi.txt", line=0, text=f"Driver Version: {driver}")
+            image = c.inspect.image if c.inspect else c.name
+            return _boost(match, Incident.DRIVER_TOO_OLD, 0.85, [line],
+                          f"image {image} needs CUDA {wanted}; driver {driver} supports at most "
+                          f"CUDA {knowledge.max_cuda_for_driver(driver) or '?'}")
+    return match
+
+
+@rule(Incident.CONTAINER_TOOLKIT_MISSING)
+def container_toolkit_missing(facts: Facts) -> Match | None:
+    match = sig_match(facts, Incident.CONTAINER_TOOLKIT_MISSING)
+    if match is not None:
+        return match
+    if facts.toolkit_missing and host_has_gpus(facts):
+        gpu_wanting = [c for c in facts.containers.values()
+                       if c.inspect is not None and c.inspect.wants_gpu
+                       and not c.inspect.has_gpu_access]
+        if gpu_wanting:
+            return Match(incident=Incident.CONTAINER_TOOLKIT_MISSING, confidence=0.8,
+                         evidence=(Line(source="commands/container-toolkit.txt", line=1,
+                                        text=facts.toolkit or "nvidia-ctk / nvidia-container-cli: not found"),),
+                         reason="no NVIDIA Container Toolkit on a GPU host whose GPU container "
+                                "has no GPUs", rule="facts")
+    return None
+
+
+@rule(Incident.HOST_OOM_KILLED)
+def host_oom_killed(facts: Facts) -> Match | None:
+    match = sig_match(facts, Incident.HOST_OOM_KILLED)
+    for c in facts.containers.values():
+        if c.inspect is not None and c.inspect.oom_killed:
+            return _boost(match, Incident.HOST_OOM_KILLED, 0.97,
+                          [_inspect_line(c, "OOMKilled", '"OOMKilled": true')],
+                          f"Docker reports container {c.name} OOMKilled (exit {c.inspect.exit_code})")
+    if facts.kernel is not None and facts.kernel.oom_kills:
+        kills = [k for k in facts.kernel.oom_kills if recent(facts, k.timestamp, k.uptime_s)]
+        if kills:
+            return _boost(match, Incident.HOST_OOM_KILLED, 0.9, [k.line for k in kills],
+                          f"the kernel OOM killer killed {kills[-1].process_name or 'a process'}")
+    return match
+
+
+@rule(Incident.CPU_ONLY_BUILD)
+def cpu_only_build(facts: Facts) -> Match | None:
+    match = sig_match(facts, Incident.CPU_ONLY_BUILD)
+    for c in facts.containers.values():
+        if c.torch is not None and c.torch.present and c.torch.cpu_only and c.torch.line:
+            return _boost(match, Incident.CPU_ONLY_BUILD, 0.95, [c.torch.line],
+                          f"torch {c.torch.torch} in {c.name} has no CUDA (torch.version.cuda "
+                          f"= {c.torch.cuda})")
+    return match
+
+
+@rule(Incident.GPU_NOT_REQUESTED)
+def gpu_not_requested(facts: Facts) -> Match | None:
+    symptoms = sig_match(facts, Incident.GPU_NOT_REQUESTED)
+    inside_driver = hits(facts, class_sigs(Incident.DRIVER_NOT_LOADED), origins=("container",))
+    for c in facts.containers.values():
+        if c.inspect is None or c.inspect.has_gpu_access:
+            continue
+        if not (c.inspect.wants_gpu or symptoms is not None or inside_driver):
+            continue
+        lines = [_inspect_line(c, "DeviceRequests",
+                               f'"DeviceRequests": null, "Runtime": "{c.inspect.runtime or "runc"}"')]
+        confidence = 0.8
+        if c.torch is not None and c.torch.is_available is False and c.torch.line:
+            lines.append(c.torch.line)
+            confidence = 0.92
+        if inside_driver:
+            lines.extend(inside_driver)
+            confidence = 0.92
+        if host_has_gpus(facts):
+            confidence += 0.03
+        reason = f"container {c.name} wants GPUs (image {c.inspect.image}) but was started " \
+                 "without --gpus or the nvidia runtime"
+        return _boost(symptoms, Incident.GPU_NOT_REQUESTED, confidence, lines, reason)
+    if symptoms is None:
+        return None
+    if any(c.inspect is not None and c.inspect.has_gpu_access for c in facts.containers.values()):
+        return symptoms.model_copy(update={"confidence": min(symptoms.confidence, 0.5)})
+    return symptoms
+
+
+@rule(Incident.ARCH_UNSUPPORTED)
+def arch_unsupported(facts: Facts) -> Match | None:
+    match = sig_match(facts, Incident.ARCH_UNSUPPORTED)
+    for c in facts.containers.values():
+        t = c.torch
+        if t is None or not t.present or not t.arch_list or not t.devices:
+            continue
+        for dev in t.devices:
+            cap = dev.get("capability", "").replace(".", "")
+            if cap and f"sm_{cap}" not in t.arch_list and not any(
+                a.startswith("compute_") and a[8:] <= cap for a in t.arch_list
+            ):
+                return _boost(match, Incident.ARCH_UNSUPPORTED, 0.85, [t.line] if t.line else [],
+                              f"{dev.get('name')} is sm_{cap}; torch {t.torch} has kernels for "
+                              f"{' '.join(t.arch_list)}")
+    return match
+
+
+@rule(Incident.INVALID_DEVICE_ORDINAL)
+def invalid_device_ordinal(facts: Facts) -> Match | None:
+    return sig_match(facts, Incident.INVALID_DEVICE_ORDINAL)
+
+
+def _small_shm(c: ContainerFacts) -> bool:
+    if c.inspect is None or c.inspect.ipc_mode == "host":
+        return False
+    size = c.inspect.shm_size or DEFAULT_SHM
+    return size <= DEFAULT_SHM
+
+
+@rule(Incident.SHM_TOO_SMALL)
+def shm_too_small(facts: Facts) -> Match | None:
+    match = sig_match(facts, Incident.SHM_TOO_SMALL)
+    small = [c for c in facts.containers.values() if _small_shm(c)]
+    nospace = hits(facts, ["no-space-left"], origins=("container", "trigger"))
+    if small and (match is not None or nospace) and not _disk_really_full(facts):
+        c = small[0]
+        assert c.inspect is not None
+        size = c.inspect.shm_size or DEFAULT_SHM
+        lines = [_inspect_line(c, "ShmSize", f'"ShmSize": {size}')]
+        if match is None:
+            lines.extend(nospace)
+            return _boost(None, Incident.SHM_TOO_SMALL, 0.8, lines,
+                          f"'No space left on device' in a container whose /dev/shm is only "
+                          f"{size // 2**20} MiB")
+        return _boost(match, Incident.SHM_TOO_SMALL, 0.9, lines,
+                      f"/dev/shm of {c.name} is {size // 2**20} MiB")
+    return match
+
+
+@rule(Incident.MEMLOCK_LIMIT)
+def memlock_limit(facts: Facts) -> Match | None:
+    match = sig_match(facts, Incident.MEMLOCK_LIMIT)
+    for c in facts.containers.values():
+        u = c.ulimits
+        if u is None or u.memlock_kb is None or u.memlock_kb < 0 or u.memlock_kb > 65536:
+            continue
+        uses_rdma = hits(facts, ["ibv-reg-mr", "net-ib-cannot-allocate", "cuda-host-register"])
+        if match is not None or uses_rdma or any(k.startswith("NCCL_IB") for k in c.env_probe):
+            lines = [u.memlock_line] if u.memlock_line else []
+            return _boost(match, Incident.MEMLOCK_LIMIT, 0.8, lines,
+                          f"locked-memory limit in {c.name} is {u.memlock_kb} KiB")
+    return match
+
+
+def _disk_really_full(facts: Facts) -> list[Line]:
+    return [fs.line for fs in facts.df
+            if (fs.use_percent or 0) >= 95 and fs.mount != "/dev/shm"
+            and not fs.mount.startswith(("/snap", "/boot/efi")) and not fs.source.startswith("/dev/loop")]
+
+
+@rule(Incident.DISK_FULL)
+def disk_full(facts: Facts) -> Match | None:
+    shm_lines = {(ln.source, ln.line) for ln in hits(facts, class_sigs(Incident.SHM_TOO_SMALL))}
+    lines = [ln for ln in hits(facts, ["no-space-left"]) if (ln.source, ln.line) not in shm_lines]
+    full = _disk_really_full(facts)
+    if full:
+        return _boost(None, Incident.DISK_FULL, 0.9, [*full, *lines],
+                      "a filesystem is at least 95 % full")
+    if not lines:
+        return None
+    if any(_small_shm(c) for c in facts.containers.values()):
+        return Match(incident=Incident.DISK_FULL, confidence=0.6, evidence=tuple(lines[:8]),
+                     reason="'No space left on device' (the container's /dev/shm is small too)",
+                     rule="signatures")
+    return Match(incident=Incident.DISK_FULL, confidence=signature("no-space-left").weight,
+                 evidence=tuple(lines[:8]), reason="'No space left on device'", rule="signatures")
+
+
+@rule(Incident.VOLUME_PERMISSION_DENIED)
+def volume_permission_denied(facts: Facts) -> Match | None:
+    return sig_match(facts, Incident.VOLUME_PERMISSION_DENIED)
+
+
+@rule(Incident.SSH_ACCESS_DENIED)
+def ssh_access_denied(facts: Facts) -> Match | None:
+    match = sig_match(facts, Incident.SSH_ACCESS_DENIED)
+    if facts.ssh_error and "authentication failed" in facts.ssh_error:
+        return _boost(match, Incident.SSH_ACCESS_DENIED, 0.9,
+                      [Line(source="bundle.json", line=0, text=facts.ssh_error)],
+                      "cudamedic itself could not log in to the host")
+    return match
+
+
+@rule(Incident.CUDA_ILLEGAL_ACCESS)
+def cuda_illegal_access(facts: Facts) -> Match | None:
+    match = sig_match(facts, Incident.CUDA_ILLEGAL_ACCESS)
+    if facts.kernel is not None:
+        app = []
+        for xid in facts.kernel.xids:
+            info = knowledge.xid_info(xid.code)
+            if info is not None and info.app_error and recent(facts, xid.timestamp, xid.uptime_s):
+                app.append(xid.line)
+        if app:
+            # Timed and recent: likely this crash. Untimed: context unless the log agrees.
+            timed = facts.incident_time is not None
+            return _boost(match, Incident.CUDA_ILLEGAL_ACCESS, 0.8 if timed else 0.6, app,
+                          "application-caused Xid (13/31/43) in the kernel log")
+    return match
+
+
+@rule(Incident.CUDA_OOM)
+def cuda_oom(facts: Facts) -> Match | None:
+    return sig_match(facts, Incident.CUDA_OOM)
+
+
+@rule(Incident.NCCL_SLOW_TRANSPORT)
+def nccl_slow_transport(facts: Facts) -> Match | None:
+    match = sig_match(facts, Incident.NCCL_SLOW_TRANSPORT)
+    nccl = facts.nccl
+    if nccl is not None and nccl.avg_busbw is not None and nccl.gpu_models:
+        count = nccl.n_ranks or len(nccl.devices)
+        floor = knowledge.nccl_floor(nccl.gpu_models[0], count, None)
+        if floor is not None and not floor.passes(nccl.avg_busbw):
+            line = Line(source="nccl-tests.txt", line=0,
+                        text=f"# Avg bus bandwidth    : {nccl.avg_busbw}")
+            return _boost(match, Incident.NCCL_SLOW_TRANSPORT, 0.9, [line],
+                          f"all_reduce bus bandwidth {nccl.avg_busbw} GB/s is under the "
+                          f"{floor.min_busbw_gbps} GB/s floor for {count}x {nccl.gpu_models[0]}")
+    for c in facts.containers.values():
+        env = {**(c.inspect.env if c.inspect else {}), **c.env_probe}
+        if env.get("NCCL_P2P_DISABLE") == "1" and match is not None:
+            return _boost(match, Incident.NCCL_SLOW_TRANSPORT, 0.8,
+                          [], f"NCCL_P2P_DISABLE=1 in {c.name}")
+    return match
+
+
+@rule(Incident.NCCL_ERROR)
+def nccl_error(facts: Facts) -> Match | None:
+    return sig_match(facts, Incident.NCCL_ERROR)
+
+
+@rule(Incident.NCCL_TIMEOUT)
+def nccl_timeout(facts: Facts) -> Match | None:
+    return sig_match(facts, Incident.NCCL_TIMEOUT)
+
+
+def run_rules(facts: Facts) -> list[Match]:
+    out = []
+    for incident, fn in RULES.items():
+        match = fn(facts)
+        if match is not None and match.confidence >= MIN_CONFIDENCE:
+            out.append(match.model_copy(update={"rule": f"{incident}:{match.rule}"}))
+    return out
+
+
+def rank(match: Match) -> tuple[int, int, float]:
+    strong = 1 if match.confidence >= STRONG else 0
+    return (strong, PRIORITY.get(Incident(match.incident), 0), match.confidence)

@@ -1,0 +1,97 @@
+"""Runtime settings: one pydantic-settings object, built at the entry point and passed down.
+
+Sources, highest first: keyword arguments, `CUDAMEDIC_*` environment variables, the config file
+named by `CUDAMEDIC_CONFIG` (YAML), defaults. Example: `CUDAMEDIC_SSH_CONNECT_TIMEOUT=5`.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import Field, SecretStr
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+
+from runbooks.errors import InputError
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="CUDAMEDIC_", extra="ignore")
+
+    inventory: Path | None = None
+    out_dir: Path = Path("bundles")
+    # SSH
+    known_hosts: Path | None = None  # default: ~/.ssh/known_hosts (+ system file)
+    ssh_config: Path | None = None  # default: ~/.ssh/config when it exists
+    ssh_key: Path | None = None
+    ssh_user: str | None = None
+    ssh_connect_timeout: float = Field(default=10.0, gt=0)
+    ssh_password: SecretStr | None = None  # discouraged; keys preferred
+    # Docker
+    docker_host: str | None = None  # local target only; default DOCKER_HOST / the local socket
+    docker_timeout: float = Field(default=20.0, gt=0)
+    # Collection bounds
+    command_timeout: float = Field(default=30.0, gt=0)
+    exec_timeout: float = Field(default=20.0, gt=0)
+    log_tail_lines: int = Field(default=5000, gt=0)
+    log_tail_bytes: int = Field(default=8 * 1024 * 1024, gt=0)
+    output_max_bytes: int = Field(default=16 * 1024 * 1024, gt=0)
+    # nccl-tests
+    nccl_tests_path: str = "all_reduce_perf"
+    nccl_tests_gpus: int | None = Field(default=None, gt=0)  # default: every GPU nvidia-smi lists
+    nccl_tests_budget: float = Field(default=120.0, gt=0)
+    nccl_tests_enabled: bool = True
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        return (init_settings, env_settings, _YamlFileSource(settings_cls))
+
+
+class _YamlFileSource(PydanticBaseSettingsSource):
+    """Reads the YAML file named by CUDAMEDIC_CONFIG (read at build time, never at import)."""
+
+    def __init__(self, settings_cls: type[BaseSettings]) -> None:
+        super().__init__(settings_cls)
+        self._data = _load_config_file(os.environ.get("CUDAMEDIC_CONFIG"))
+
+    def get_field_value(self, field: Any, field_name: str) -> tuple[Any, str, bool]:
+        return self._data.get(field_name), field_name, False
+
+    def __call__(self) -> dict[str, Any]:
+        return {k: v for k, v in self._data.items() if k in self.settings_cls.model_fields}
+
+
+def _load_config_file(path: str | None) -> dict[str, Any]:
+    if not path:
+        return {}
+    try:
+        data = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+    except (OSError, yaml.YAMLError, UnicodeDecodeError) as exc:
+        raise InputError(f"cannot read config file {path}: {exc}") from exc
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise InputError(f"config file {path} must be a YAML mapping, got {type(data).__name__}")
+    return data
+
+
+def load_settings(**overrides: Any) -> Settings:
+    """Build Settings, turning validation errors into one clear InputError."""
+    from pydantic import ValidationError
+
+    try:
+        return Settings(**{k: v for k, v in overrides.items() if v is not None})
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors()
+        )
+        raise InputError(f"invalid settings: {problems}") from exc

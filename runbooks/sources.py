@@ -1,0 +1,103 @@
+"""The table of evidence sources: what to collect, where it goes in the bundle, with what bound.
+
+Adding a host command is one row here. Commands are fixed strings; the only parameters that reach
+a shell (the nccl-tests path and GPU count) are quoted by the collector. ``fallback`` is run when
+the main command fails (``dmesg`` refused -> ``journalctl -k``).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from runbooks.model import Frozen
+
+Keep = Literal["head", "tail"]
+
+
+class HostSource(Frozen):
+    name: str
+    path: str  # bundle-relative
+    command: str
+    timeout: float | None = None  # None: Settings.command_timeout
+    keep: Keep = "head"
+    fallback: str | None = None
+    ok_exit_codes: tuple[int, ...] = (0,)
+    stdout_only: bool = False
+
+
+class ContainerProbe(Frozen):
+    """A command run inside a container with exec (argv, no shell of ours)."""
+
+    name: str  # file suffix: containers/NAME.exec-<name>.txt
+    argv: tuple[str, ...]
+
+
+HOST_SOURCES: tuple[HostSource, ...] = (
+    HostSource(name="nvidia-smi", path="nvidia-smi.txt", command="nvidia-smi"),
+    HostSource(name="nvidia-smi-xml", path="nvidia-smi.xml", command="nvidia-smi -q -x",
+               stdout_only=True),
+    HostSource(name="nvidia-smi-list", path="commands/nvidia-smi-L.txt", command="nvidia-smi -L"),
+    HostSource(
+        name="kernel-log",
+        path="dmesg.txt",
+        command="dmesg -T",
+        keep="tail",
+        fallback="journalctl -k --no-pager -o short-iso -n 50000",
+    ),
+    HostSource(name="df", path="commands/df.txt", command="df -h"),
+    HostSource(name="uname", path="commands/uname.txt", command="uname -a"),
+    HostSource(name="lsmod-nvidia", path="commands/lsmod-nvidia.txt",
+               command="lsmod | grep -i nvidia", ok_exit_codes=(0, 1)),
+    HostSource(
+        name="container-toolkit",
+        path="commands/container-toolkit.txt",
+        command="nvidia-ctk --version 2>/dev/null || nvidia-container-cli --version",
+    ),
+)
+
+# The torch probe is passed as $0 to sh so no quoting of its text is ever needed.
+TORCH_PROBE = r"""
+import json, sys
+out = {"python": sys.version.split()[0]}
+try:
+    import torch
+except Exception as exc:
+    out["torch"] = None
+    out["error"] = f"{type(exc).__name__}: {exc}"
+else:
+    out["torch"] = torch.__version__
+    out["cuda"] = torch.version.cuda
+    try:
+        out["is_available"] = torch.cuda.is_available()
+        out["device_count"] = torch.cuda.device_count()
+        out["devices"] = [
+            {"index": i, "name": torch.cuda.get_device_name(i),
+             "capability": ".".join(map(str, torch.cuda.get_device_capability(i)))}
+            for i in range(out["device_count"])
+        ]
+        out["arch_list"] = torch.cuda.get_arch_list() if out["is_available"] else []
+    except Exception as exc:
+        out["error"] = f"{type(exc).__name__}: {exc}"
+print(json.dumps(out))
+"""
+
+_PY = (
+    'if command -v python3 >/dev/null 2>&1; then exec python3 -c "$0"; '
+    'elif command -v python >/dev/null 2>&1; then exec python -c "$0"; '
+    'else echo "cudamedic: no python in this container"; exit 127; fi'
+)
+
+CONTAINER_PROBES: tuple[ContainerProbe, ...] = (
+    ContainerProbe(name="torch", argv=("sh", "-c", _PY, TORCH_PROBE)),
+    ContainerProbe(name="ulimit", argv=("sh", "-c", "ulimit -a")),
+    ContainerProbe(name="shm", argv=("df", "-h", "/dev/shm")),
+    ContainerProbe(
+        name="env",
+        argv=("sh", "-c",
+              "env | grep -E '^(CUDA|NCCL|NVIDIA|TORCH|PYTORCH|LD_LIBRARY_PATH|OMP_NUM|"
+              "WORLD_SIZE|RANK|LOCAL_RANK|MASTER_)' | sort"),
+    ),
+    ContainerProbe(name="nvidia-smi-L", argv=("nvidia-smi", "-L")),
+)
+
+NCCL_TESTS_PATH = "nccl-tests.txt"

@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Prepare a fresh machine for cudamedic: system packages the lab needs, and the virtualenv.
+# Idempotent; run as root (the lab starts dockerd and sshd). Usage: scripts/bootstrap.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+need=()
+command -v dockerd >/dev/null 2>&1 || need+=(docker.io)
+[ -x /usr/sbin/sshd ] || need+=(openssh-server)
+command -v busybox >/dev/null 2>&1 || need+=(busybox-static)
+command -v ssh-keygen >/dev/null 2>&1 || need+=(openssh-client)
+if [ ${#need[@]} -gt 0 ]; then
+  if [ "$(id -u)" != 0 ]; then
+    echo "bootstrap: need root to install: ${need[*]}" >&2; exit 1
+  fi
+  echo "bootstrap: installing ${need[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  # policy-rc.d keeps the packages' own services from starting: the lab starts its own.
+  printf '#!/bin/sh\nexit 101\n' > /usr/sbin/policy-rc.d; chmod +x /usr/sbin/policy-rc.d
+  apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+  rm -f /usr/sbin/policy-rc.d
+fi
+
+PY=${PYTHON:-python3}
+stamp=.venv/.cudamedic-stamp
+want=$(sha256sum pyproject.toml | cut -d' ' -f1)
+if [ ! -x .venv/bin/python ] || [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
+  echo "bootstrap: creating .venv"
+  "$PY" -m venv .venv
+  .venv/bin/pip install -q --upgrade pip >/dev/null 2>&1 || true
+  .venv/bin/pip install -q -e '.[dev]'
+  echo "$want" > "$stamp"
+fi

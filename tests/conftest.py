@@ -1,0 +1,82 @@
+"""Session fixtures: the lab (real dockerd + sshd), settings pointing at it, helpers."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import docker
+import pytest
+
+from runbooks.settings import Settings
+from tests.lab.lab import IMAGE, LabState, down, lab_dir, up
+
+
+@pytest.fixture(scope="session")
+def lab() -> Iterator[LabState]:
+    if os.geteuid() != 0:
+        pytest.fail("the lab needs root (dockerd, sshd); run the tests as root, e.g. in CI")
+    existing = LabState.load(lab_dir())
+    reuse = existing is not None and existing.alive()
+    state = up()
+    yield state
+    if not reuse:
+        down(state)
+
+
+@pytest.fixture
+def settings(lab: LabState, tmp_path: Path) -> Settings:
+    return Settings(
+        inventory=Path(lab.inventory),
+        known_hosts=Path(lab.known_hosts),
+        out_dir=tmp_path / "bundles",
+        ssh_connect_timeout=5,
+        command_timeout=5,
+        exec_timeout=10,
+        docker_timeout=15,
+        nccl_tests_budget=20,
+        docker_host=lab.engines["gpu"].url,
+    )
+
+
+@pytest.fixture(scope="session")
+def gpu_engine(lab: LabState) -> Iterator[docker.DockerClient]:
+    client = docker.DockerClient(base_url=lab.engines["gpu"].url, timeout=60)
+    yield client
+    client.close()
+
+
+@pytest.fixture(scope="session")
+def plain_engine(lab: LabState) -> Iterator[docker.DockerClient]:
+    client = docker.DockerClient(base_url=lab.engines["plain"].url, timeout=60)
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def container_name() -> str:
+    return f"t-{uuid.uuid4().hex[:10]}"
+
+
+@pytest.fixture
+def make_container(gpu_engine: docker.DockerClient) -> Iterator[object]:
+    """Create (and clean up) containers on the lab's GPU engine from the lab image."""
+    made: list[tuple[docker.DockerClient, str]] = []
+
+    def make(name: str, command: str, engine: docker.DockerClient | None = None,
+             **kwargs: object) -> docker.models.containers.Container:
+        client = engine or gpu_engine
+        kwargs.setdefault("network_mode", "none")
+        container = client.containers.run(IMAGE, ["sh", "-c", command], name=name, detach=True,
+                                          **kwargs)
+        made.append((client, name))
+        return container
+
+    yield make
+    for client, name in made:
+        try:
+            client.containers.get(name).remove(force=True)
+        except docker.errors.NotFound:
+            pass

@@ -1,0 +1,39 @@
+"""`python -m tests.lab up|down|status|env` — run the lab by hand (as root)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import asdict
+
+from tests.lab.lab import LabState, down, lab_dir, up
+
+
+def main(argv: list[str]) -> int:
+    cmd = argv[0] if argv else "status"
+    if cmd == "up":
+        state = up()
+        print(f"lab up in {state.dir}: {len(state.hosts)} hosts, engines "
+              f"{', '.join(e.name + '=' + e.url for e in state.engines.values())}")
+        print(f"export CUDAMEDIC_CONFIG={state.config}")
+        return 0
+    if cmd == "down":
+        down()
+        print("lab down")
+        return 0
+    state = LabState.load(lab_dir())
+    if cmd == "env":
+        if state is None:
+            return 1
+        print(f"export CUDAMEDIC_CONFIG={state.config}")
+        print(f"export DOCKER_HOST={state.engines['gpu'].url}")
+        return 0
+    if state is None:
+        print("lab is down")
+        return 1
+    print(json.dumps(asdict(state), indent=2))
+    return 0 if state.alive() else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,382 @@
+"""The cudamedic test lab: real Docker engines and real OpenSSH servers on this machine.
+
+`up()` starts (as root):
+- two Docker engines (Debian's dockerd, ``--bridge=none --iptables=false``), each on its own
+  socket and data root: ``gpu`` has the `nvidia-container-runtime-hook` test shim on its PATH so
+  ``--gpus`` works; ``plain`` has none, so ``--gpus`` fails with the real toolkit-missing error;
+- a small image imported into both (a busybox-static root filesystem; no registry);
+- one sshd per simulated host on 127.0.0.1, with generated host and user keys, a known_hosts file,
+  and the host's scenario commands (`nvidia-smi`, `dmesg`, `all_reduce_perf`, ...) first on its
+  PATH, replaying recorded real outputs (tests/fixtures/, each with its source);
+- an inventory and a cudamedic config file for these hosts.
+State goes to ``$CUDAMEDIC_LAB_DIR/state.json`` (default /tmp/cudamedic-lab) so a lab started by
+``python -m tests.lab up`` is reused by the tests and by ``make demo``. No traffic leaves loopback:
+the engines have no bridge network and any image pull goes to a dead loopback proxy.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tarfile
+import time
+from dataclasses import asdict, dataclass, field
+from io import BytesIO
+from pathlib import Path
+
+from tests.lab.scenarios import SCENARIOS, Scenario
+
+REPO = Path(__file__).resolve().parents[2]
+FIXTURES = REPO / "tests" / "fixtures"
+IMAGE = "cudamedic-lab/busybox:1"
+SHIM_FIXTURES = {
+    "nvidia-smi-L.txt": "nvidia-smi-L/h100-8x.txt",
+    "nvidia-smi.txt": "nvidia-smi/h100-8x-healthy.txt",
+}
+
+
+def lab_dir() -> Path:
+    return Path(os.environ.get("CUDAMEDIC_LAB_DIR", "/tmp/cudamedic-lab"))
+
+
+@dataclass
+class EngineInfo:
+    name: str
+    socket: str
+    pid: int
+    gpu: bool
+
+    @property
+    def url(self) -> str:
+        return f"unix://{self.socket}"
+
+
+@dataclass
+class HostInfo:
+    name: str
+    port: int
+    scenario: str
+    engine: str
+    pid: int
+    data: str  # directory of the scenario's recorded outputs (tests may edit them)
+
+
+@dataclass
+class LabState:
+    dir: str
+    engines: dict[str, EngineInfo] = field(default_factory=dict)
+    hosts: dict[str, HostInfo] = field(default_factory=dict)
+    user_key: str = ""
+    known_hosts: str = ""
+    inventory: str = ""
+    config: str = ""
+
+    def save(self) -> None:
+        Path(self.dir, "state.json").write_text(json.dumps(asdict(self), indent=2))
+
+    @classmethod
+    def load(cls, directory: Path) -> LabState | None:
+        path = directory / "state.json"
+        if not path.exists():
+            return None
+        raw = json.loads(path.read_text())
+        state = cls(dir=raw["dir"], user_key=raw["user_key"], known_hosts=raw["known_hosts"],
+                    inventory=raw["inventory"], config=raw["config"])
+        state.engines = {k: EngineInfo(**v) for k, v in raw["engines"].items()}
+        state.hosts = {k: HostInfo(**v) for k, v in raw["hosts"].items()}
+        return state
+
+    def alive(self) -> bool:
+        pids = [e.pid for e in self.engines.values()] + [h.pid for h in self.hosts.values()]
+        return bool(pids) and all(_pid_alive(p) for p in pids)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except OSError:
+        return False
+    return True
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _run(*argv: str, env: dict[str, str] | None = None, check: bool = True,
+         input_: bytes | None = None) -> subprocess.CompletedProcess[bytes]:
+    return subprocess.run(list(argv), check=check, env=env, input=input_, capture_output=True,
+                          timeout=120)
+
+
+# -- Docker engines ----------------------------------------------------------------------------
+def _start_engine(root: Path, name: str, gpu: bool) -> EngineInfo:
+    base = root / "engines" / name
+    (base / "bin").mkdir(parents=True, exist_ok=True)
+    sock = base / "docker.sock"
+    env = dict(os.environ)
+    # Any accidental pull fails fast on a dead loopback port instead of leaving the machine.
+    env.update(HTTP_PROXY="http://127.0.0.1:9", HTTPS_PROXY="http://127.0.0.1:9", NO_PROXY="")
+    env.pop("DOCKER_HOST", None)
+    if gpu:
+        shim = base / "bin" / "nvidia-container-runtime-hook"
+        text = (REPO / "tests/lab/gpu_hook_shim.py").read_text().split("\n", 1)[1]
+        shim.write_text(f"#!{sys.executable}\n{text}")
+        shim.chmod(0o755)
+        for dest, fixture in SHIM_FIXTURES.items():
+            shutil.copyfile(FIXTURES / fixture, base / "bin" / dest)
+        env["PATH"] = f"{base / 'bin'}:{env.get('PATH', '/usr/bin:/bin')}"
+    else:
+        env["PATH"] = ":".join(
+            p for p in env.get("PATH", "/usr/sbin:/usr/bin:/sbin:/bin").split(":")
+            if not (Path(p) / "nvidia-container-runtime-hook").exists()
+        )
+    exec_root = Path(f"/run/cudamedic-lab-{name}")  # short: containerd socket paths are limited
+    log = open(base / "dockerd.log", "ab")  # noqa: SIM115 - handed to the daemon
+    proc = subprocess.Popen(
+        [
+            "dockerd", "--bridge=none", "--iptables=false", "--ip6tables=false",
+            f"--host=unix://{sock}", f"--data-root={base / 'data'}",
+            f"--exec-root={exec_root}", f"--pidfile={base / 'dockerd.pid'}",
+            "--storage-driver=overlay2",
+        ],
+        stdout=log, stderr=log, env=env, start_new_session=True,
+    )
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"dockerd {name} exited: {(base / 'dockerd.log').read_text()[-2000:]}")
+        if sock.exists() and _run("docker", "-H", f"unix://{sock}", "version", check=False).returncode == 0:
+            return EngineInfo(name=name, socket=str(sock), pid=proc.pid, gpu=gpu)
+        time.sleep(0.3)
+    raise RuntimeError(f"dockerd {name} did not start; see {base / 'dockerd.log'}")
+
+
+def _rootfs_tar() -> bytes:
+    """A busybox-static root filesystem as a tar stream, built in memory."""
+    busybox = shutil.which("busybox") or "/bin/busybox"
+    applets = _run(busybox, "--list").stdout.decode().split()
+    buf = BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        def add_dir(path: str, mode: int = 0o755) -> None:
+            info = tarfile.TarInfo(path)
+            info.type, info.mode = tarfile.DIRTYPE, mode
+            tar.addfile(info)
+
+        def add_file(path: str, data: bytes, mode: int = 0o644) -> None:
+            info = tarfile.TarInfo(path)
+            info.size, info.mode = len(data), mode
+            tar.addfile(info, BytesIO(data))
+
+        for d in ("bin", "etc", "tmp", "root", "proc", "sys", "dev", "data",
+                  "usr", "usr/local", "usr/local/bin", "workspace"):
+            add_dir(d, 0o1777 if d == "tmp" else 0o755)
+        with open(busybox, "rb") as fh:
+            add_file("bin/busybox", fh.read(), 0o755)
+        for applet in applets:
+            if applet != "busybox":
+                info = tarfile.TarInfo(f"bin/{applet}")
+                info.type, info.linkname = tarfile.SYMTYPE, "busybox"
+                tar.addfile(info)
+        add_file("etc/passwd", b"root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534::/:/bin/sh\n")
+        add_file("etc/group", b"root:x:0:\nnogroup:x:65534:\n")
+    return buf.getvalue()
+
+
+def _import_image(engine: EngineInfo, rootfs: bytes) -> None:
+    _run("docker", "-H", engine.url, "import", "-c", 'CMD ["/bin/sh"]',
+         "-c", "ENV PATH=/usr/local/bin:/usr/bin:/bin", "-", IMAGE, input_=rootfs)
+
+
+# -- simulated GPU hosts -----------------------------------------------------------------------
+_NVIDIA_SMI = """#!/bin/sh
+# cudamedic lab: replays recorded nvidia-smi output for scenario {scenario}
+D={data}
+[ -f "$D/nvidia-smi.hang" ] && exec sleep 3600
+case "$*" in
+  "-L") f="$D/nvidia-smi-L.txt" ;;
+  "-q -x") f="$D/nvidia-smi.xml" ;;
+  *) f="$D/nvidia-smi.txt" ;;
+esac
+[ -f "$f" ] || f="$D/nvidia-smi.txt"
+cat "$f"
+exit "$(cat "$D/nvidia-smi.rc" 2>/dev/null || echo 0)"
+"""
+_DMESG = """#!/bin/sh
+D={data}
+if [ -f "$D/dmesg.denied" ]; then cat "$D/dmesg.denied" >&2; exit 1; fi
+cat "$D/dmesg.txt"
+"""
+_JOURNALCTL = """#!/bin/sh
+D={data}
+cat "$D/journal.txt"
+"""
+_ALL_REDUCE = """#!/bin/sh
+D={data}
+sleep "$(cat "$D/nccl-tests.seconds" 2>/dev/null || echo 1)"
+cat "$D/nccl-tests.txt"
+"""
+_CAT = """#!/bin/sh
+cat {data}/{file}
+"""
+
+
+def _write_host_scenario(home: Path, scenario: Scenario) -> Path:
+    data, bindir = home / "data", home / "bin"
+    data.mkdir(parents=True, exist_ok=True)
+    bindir.mkdir(parents=True, exist_ok=True)
+    for dest, fixture in scenario.files.items():
+        shutil.copyfile(FIXTURES / fixture, data / dest)
+    for dest, text in scenario.literal.items():
+        (data / dest).write_text(text)
+    scripts = {
+        "nvidia-smi": _NVIDIA_SMI,
+        "dmesg": _DMESG,
+        "journalctl": _JOURNALCTL,
+    }
+    if "nccl-tests.txt" in scenario.files:
+        scripts["all_reduce_perf"] = _ALL_REDUCE
+    if "nvidia-ctk.txt" in scenario.files:
+        scripts["nvidia-ctk"] = _CAT.replace("{file}", "nvidia-ctk.txt")
+    if "lsmod.txt" in scenario.files:
+        scripts["lsmod"] = _CAT.replace("{file}", "lsmod.txt")
+    for name, text in scripts.items():
+        path = bindir / name
+        path.write_text(text.format(data=data, scenario=scenario.name))
+        path.chmod(0o755)
+    return data
+
+
+def _start_sshd(root: Path, host: str, port: int, engine: EngineInfo, bindir: Path,
+                host_key: Path, authorized: Path) -> int:
+    home = root / "hosts" / host
+    config = home / "sshd_config"
+    config.write_text(
+        f"Port {port}\nListenAddress 127.0.0.1\nHostKey {host_key}\n"
+        f"AuthorizedKeysFile {authorized}\nPermitRootLogin prohibit-password\n"
+        "PasswordAuthentication no\nKbdInteractiveAuthentication no\nUsePAM no\n"
+        f"StrictModes no\nPidFile {home / 'sshd.pid'}\nMaxSessions 64\nMaxStartups 64:30:128\n"
+        f"SetEnv PATH={bindir}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin "
+        f"DOCKER_HOST={engine.url}\n"
+    )
+    Path("/run/sshd").mkdir(exist_ok=True)
+    log = open(home / "sshd.log", "ab")  # noqa: SIM115 - handed to the daemon
+    proc = subprocess.Popen(["/usr/sbin/sshd", "-D", "-e", "-f", str(config)],
+                            stdout=log, stderr=log, start_new_session=True)
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"sshd {host} exited: {(home / 'sshd.log').read_text()[-2000:]}")
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return proc.pid
+        time.sleep(0.1)
+    raise RuntimeError(f"sshd {host} did not start")
+
+
+def up(directory: Path | None = None) -> LabState:
+    root = directory or lab_dir()
+    existing = LabState.load(root)
+    if existing and existing.alive():
+        return existing
+    if existing:
+        down(existing)
+    root.mkdir(parents=True, exist_ok=True)
+    state = LabState(dir=str(root))
+    try:
+        rootfs = _rootfs_tar()
+        for name, gpu in (("gpu", True), ("plain", False)):
+            engine = _start_engine(root, name, gpu)
+            state.engines[name] = engine
+            state.save()
+            _import_image(engine, rootfs)
+        keys = root / "keys"
+        keys.mkdir(exist_ok=True)
+        user_key = keys / "id_ed25519"
+        if not user_key.exists():
+            _run("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "cudamedic-lab",
+                 "-f", str(user_key))
+        authorized = keys / "authorized_keys"
+        shutil.copyfile(f"{user_key}.pub", authorized)
+        known: list[str] = []
+        inventory: dict[str, dict[str, object]] = {}
+        for scenario in SCENARIOS.values():
+            home = root / "hosts" / scenario.name
+            if home.exists():
+                shutil.rmtree(home)
+            data = _write_host_scenario(home, scenario)
+            host_key = home / "ssh_host_ed25519_key"
+            _run("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(host_key))
+            port = _free_port()
+            engine = state.engines[scenario.engine]
+            pid = _start_sshd(root, scenario.name, port, engine, home / "bin", host_key, authorized)
+            state.hosts[scenario.name] = HostInfo(name=scenario.name, port=port,
+                                                  scenario=scenario.name, engine=engine.name,
+                                                  pid=pid, data=str(data))
+            state.save()
+            pub = Path(f"{host_key}.pub").read_text().split()
+            known.append(f"[127.0.0.1]:{port} {pub[0]} {pub[1]}")
+            inventory[scenario.name] = {
+                "address": "127.0.0.1", "port": port, "user": "root",
+                "key_file": str(user_key), "gpus": scenario.gpus,
+                "tags": list(scenario.tags),
+            }
+        known_hosts = root / "known_hosts"
+        known_hosts.write_text("\n".join(known) + "\n")
+        inv = root / "inventory.yaml"
+        import yaml
+
+        inv.write_text(yaml.safe_dump({"hosts": inventory}, sort_keys=True))
+        config = root / "cudamedic.yaml"
+        config.write_text(yaml.safe_dump({
+            "inventory": str(inv), "known_hosts": str(known_hosts),
+            "ssh_connect_timeout": 5, "command_timeout": 10, "nccl_tests_budget": 30,
+        }))
+        state.user_key, state.known_hosts = str(user_key), str(known_hosts)
+        state.inventory, state.config = str(inv), str(config)
+        state.save()
+    except BaseException:
+        down(state)
+        raise
+    return state
+
+
+def down(state: LabState | None = None) -> None:
+    state = state or LabState.load(lab_dir())
+    if state is None:
+        return
+    for host in state.hosts.values():
+        _terminate(host.pid)
+    for engine in state.engines.values():
+        _run("sh", "-c", f"docker -H {engine.url} ps -aq | xargs -r docker -H {engine.url} rm -f",
+             check=False)
+        _terminate(engine.pid, wait=20)
+    state_file = Path(state.dir, "state.json")
+    if state_file.exists():
+        state_file.unlink()
+
+
+def _terminate(pid: int, wait: float = 5) -> None:
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except OSError:
+        return
+    deadline = time.monotonic() + wait
+    while time.monotonic() < deadline and _pid_alive(pid):
+        try:
+            os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:
+            pass
+        time.sleep(0.1)
+    if _pid_alive(pid):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass

@@ -1,0 +1,89 @@
+"""Simulated GPU hosts of the lab: which recorded real outputs each host's commands replay.
+
+`files` maps a data file of the host to a fixture under tests/fixtures/ (each fixture has its
+`.source` beside it). `literal` holds only control values (exit codes, hang flags, run times),
+never output text: every message a fake command prints comes from a recorded fixture.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    engine: str  # "gpu" (toolkit shim present) or "plain" (no toolkit)
+    gpus: int
+    files: dict[str, str]
+    literal: dict[str, str] = field(default_factory=dict)
+    tags: tuple[str, ...] = ()
+    planted: str = ""  # the problem this host carries, for tests and the demo
+
+
+_H100 = {
+    "nvidia-smi.txt": "nvidia-smi/h100-8x-healthy.txt",
+    "nvidia-smi.xml": "nvidia-smi-xml/h100-healthy.xml",
+    "nvidia-smi-L.txt": "nvidia-smi-L/h100-8x.txt",
+    "lsmod.txt": "host-commands/lsmod-nvidia.txt",
+    "nvidia-ctk.txt": "host-commands/nvidia-ctk-version.txt",
+    "dmesg.txt": "dmesg/clean.txt",
+    "journal.txt": "dmesg/journalctl-k.txt",
+}
+
+SCENARIOS: dict[str, Scenario] = {
+    s.name: s
+    for s in [
+        Scenario(
+            name="gpu-healthy", engine="gpu", gpus=8, tags=("h100", "lab"),
+            files={**_H100, "nccl-tests.txt": "nccl-tests/h100-8x-healthy.txt"},
+            literal={"nccl-tests.seconds": "2"}, planted="healthy",
+        ),
+        Scenario(
+            name="gpu-xid79", engine="gpu", gpus=8, tags=("h100", "lab"),
+            files={**_H100, "dmesg.txt": "dmesg/xid79-fallen-off-bus.txt"},
+            planted="gpu-hardware-fault",
+        ),
+        Scenario(
+            name="gpu-nodriver", engine="gpu", gpus=8, tags=("lab",),
+            files={
+                "nvidia-smi.txt": "nvidia-smi/driver-not-loaded.txt",
+                "dmesg.txt": "dmesg/clean.txt",
+                "journal.txt": "dmesg/journalctl-k.txt",
+                "nvidia-ctk.txt": "host-commands/nvidia-ctk-version.txt",
+            },
+            literal={"nvidia-smi.rc": "9"}, planted="driver-not-loaded",
+        ),
+        Scenario(
+            name="gpu-mismatch", engine="gpu", gpus=8, tags=("lab",),
+            files={
+                "nvidia-smi.txt": "nvidia-smi/nvml-mismatch.txt",
+                "dmesg.txt": "dmesg/api-mismatch.txt",
+                "journal.txt": "dmesg/journalctl-k.txt",
+                "lsmod.txt": "host-commands/lsmod-nvidia.txt",
+                "nvidia-ctk.txt": "host-commands/nvidia-ctk-version.txt",
+            },
+            literal={"nvidia-smi.rc": "18"}, planted="driver-library-mismatch",
+        ),
+        Scenario(
+            name="gpu-slow-nccl", engine="gpu", gpus=8, tags=("h100", "lab"),
+            files={**_H100, "nccl-tests.txt": "nccl-tests/slow-socket.txt"},
+            literal={"nccl-tests.seconds": "2"}, planted="nccl-slow-transport",
+        ),
+        Scenario(
+            name="gpu-notoolkit", engine="plain", gpus=8, tags=("h100", "lab"),
+            files={k: v for k, v in _H100.items() if k != "nvidia-ctk.txt"},
+            planted="container-toolkit-missing",
+        ),
+        Scenario(
+            name="gpu-nodmesg", engine="gpu", gpus=8, tags=("h100", "lab"),
+            files={**_H100, "dmesg.denied": "dmesg/not-permitted.txt"},
+            planted="healthy",
+        ),
+        Scenario(
+            name="gpu-hang", engine="gpu", gpus=8, tags=("lab",),
+            files={**_H100},
+            literal={"nvidia-smi.hang": "1"}, planted="nvidia-smi hangs",
+        ),
+    ]
+}

@@ -1,0 +1,259 @@
+"""Collection against the real lab: sshd hosts replaying recorded GPU outputs, real dockerd."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from runbooks.bundle import BundleMeta
+from runbooks.collect import collect
+from runbooks.errors import InputError
+from runbooks.inventory import Host, load_inventory
+from runbooks.settings import Settings
+from runbooks.target import Target, resolve_target
+from tests.lab.lab import FIXTURES, LabState
+
+SECRET = "hf_ZZtopSecretTokenValue0123456789abcd"
+
+
+def meta_of(bundle: Path) -> BundleMeta:
+    return BundleMeta.model_validate_json((bundle / "bundle.json").read_text())
+
+
+def source(meta: BundleMeta, name: str):  # type: ignore[no-untyped-def]
+    return next(s for s in meta.sources if s.name == name)
+
+
+def target(settings: Settings, name: str) -> Target:
+    assert settings.inventory is not None
+    return resolve_target(name, load_inventory(settings.inventory))
+
+
+def test_collect_from_ssh_host_with_xid79(settings: Settings) -> None:
+    bundle = collect(target(settings, "gpu-xid79"), settings, trigger="training died")
+    meta = meta_of(bundle)
+    assert meta.host == "gpu-xid79"
+    assert source(meta, "nvidia-smi").status == "ok"
+    assert (bundle / "nvidia-smi.txt").read_text() == (
+        FIXTURES / "nvidia-smi/h100-8x-healthy.txt").read_text()
+    assert "fallen off the bus" in (bundle / "dmesg.txt").read_text()
+    assert (bundle / "nvidia-smi.xml").read_text().lstrip().startswith("<?xml")
+    assert source(meta, "docker-info").status == "ok"
+    info = json.loads((bundle / "docker-info.json").read_text())
+    assert "nvidia" in info["Runtimes"] or info["ServerVersion"]
+    assert source(meta, "nccl-tests").status == "skipped"
+    assert "not found" in (source(meta, "nccl-tests").note or "")
+    assert (bundle / "trigger.txt").read_text() == "training died"
+
+
+def test_collect_runs_nccl_tests_when_present(settings: Settings) -> None:
+    bundle = collect(target(settings, "gpu-healthy"), settings)
+    meta = meta_of(bundle)
+    nccl = source(meta, "nccl-tests")
+    assert nccl.status == "ok", nccl
+    assert "-g 8" in (nccl.command or "")
+    assert "Avg bus bandwidth" in (bundle / "nccl-tests.txt").read_text()
+
+
+def test_collect_container_over_ssh_with_redaction(settings: Settings, make_container,
+                                                   container_name: str) -> None:
+    make_container(
+        container_name,
+        f"echo starting; echo token is {SECRET}; echo 'RuntimeError: CUDA error: invalid device "
+        "ordinal'; sleep 300",
+        environment={"HF_TOKEN": SECRET, "NCCL_DEBUG": "INFO", "CUDA_VISIBLE_DEVICES": "3",
+                     "DB_URL": "postgres://svc:pa55word@db/x"},
+        labels={"wandb.api_key": "0123456789abcdef0123456789abcdef01234567"},
+        shm_size="64m",
+    )
+    time.sleep(1)
+    bundle = collect(target(settings, "gpu-healthy"), settings, container=container_name)
+    meta = meta_of(bundle)
+    base = bundle / "containers" / container_name
+    inspect = json.loads(Path(f"{base}.inspect.json").read_text())
+    assert inspect["HostConfig"]["ShmSize"] == 64 * 1024 * 1024
+    assert "NCCL_DEBUG=INFO" in inspect["Config"]["Env"]
+    assert "invalid device ordinal" in Path(f"{base}.log").read_text()
+    assert "64.0M" in Path(f"{base}.exec-shm.txt").read_text()
+    assert "locked memory" in Path(f"{base}.exec-ulimit.txt").read_text() or \
+        "-l" in Path(f"{base}.exec-ulimit.txt").read_text()
+    assert "CUDA_VISIBLE_DEVICES=3" in Path(f"{base}.exec-env.txt").read_text()
+    assert "no python" in Path(f"{base}.exec-torch.txt").read_text()
+    assert source(meta, f"{container_name}:exec-torch").status == "failed"
+    # No secret anywhere in the bundle.
+    for file in bundle.rglob("*"):
+        if file.is_file():
+            data = file.read_bytes()
+            for secret in (SECRET.encode(), b"pa55word", b"0123456789abcdef0123456789abcdef01234567"):
+                assert secret not in data, f"secret leaked into {file}"
+
+
+def test_collect_local_selects_gpu_containers(settings: Settings, make_container,
+                                              container_name: str) -> None:
+    from docker.types import DeviceRequest
+
+    make_container(container_name + "-gpu", "sleep 300",
+                   device_requests=[DeviceRequest(count=-1, capabilities=[["gpu"]])])
+    make_container(container_name + "-cpu", "sleep 300")
+    bundle = collect(Target(kind="local", name="local"), settings)
+    meta = meta_of(bundle)
+    assert container_name + "-gpu" in meta.containers
+    assert container_name + "-cpu" not in meta.containers
+    listing = (bundle / "containers" / f"{container_name}-gpu.exec-nvidia-smi-L.txt").read_text()
+    assert listing.count("GPU ") == 8  # the toolkit shim handed all 8 recorded GPUs in
+    assert source(meta, "uname").status == "ok"
+
+
+def test_unreachable_host_is_a_finding(settings: Settings) -> None:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed once we leave: nothing listens there
+    host = Host(name="down", address="127.0.0.1", port=port)
+    bundle = collect(Target(kind="ssh", name="down", host=host), settings)
+    meta = meta_of(bundle)
+    ssh = source(meta, "ssh")
+    assert ssh.status == "error" and "refused" in (ssh.error or "").lower()
+    assert any(f.code == "target-unreachable" for f in meta.findings)
+    assert source(meta, "nvidia-smi").status == "error"
+
+
+def test_hanging_command_times_out_and_others_complete(settings: Settings) -> None:
+    start = time.monotonic()
+    bundle = collect(target(settings, "gpu-hang"), settings)
+    elapsed = time.monotonic() - start
+    meta = meta_of(bundle)
+    assert source(meta, "nvidia-smi").status == "timeout"
+    assert source(meta, "nvidia-smi-xml").status == "timeout"
+    assert source(meta, "df").status == "ok"
+    assert source(meta, "docker-info").status == "ok"
+    assert elapsed < 3 * settings.command_timeout + 10
+
+
+def test_changed_host_key_is_rejected(settings: Settings, lab: LabState, tmp_path: Path) -> None:
+    port = lab.hosts["gpu-healthy"].port
+    other = lab.hosts["gpu-xid79"].port
+    lines = Path(lab.known_hosts).read_text().splitlines()
+    their_key = next(ln for ln in lines if ln.startswith(f"[127.0.0.1]:{other} ")).split(" ", 1)[1]
+    forged = [ln for ln in lines if not ln.startswith(f"[127.0.0.1]:{port} ")]
+    forged.append(f"[127.0.0.1]:{port} {their_key}")
+    known = tmp_path / "known_hosts"
+    known.write_text("\n".join(forged) + "\n")
+    bad = settings.model_copy(update={"known_hosts": known})
+    bundle = collect(target(bad, "gpu-healthy"), bad)
+    ssh = source(meta_of(bundle), "ssh")
+    assert ssh.status == "error" and "CHANGED" in (ssh.error or "")
+
+
+def test_unknown_host_key_rejected_unless_opted_in(settings: Settings, lab: LabState,
+                                                   tmp_path: Path) -> None:
+    empty = tmp_path / "known_hosts"
+    empty.write_text("")
+    strict = settings.model_copy(update={"known_hosts": empty})
+    host = target(settings, "gpu-healthy").host
+    assert host is not None
+    bundle = collect(Target(kind="ssh", name="h", host=host), strict)
+    assert "unknown host key" in (source(meta_of(bundle), "ssh").error or "")
+    opted = host.model_copy(update={"accept_unknown_host_key": True})
+    bundle = collect(Target(kind="ssh", name="h", host=opted), strict)
+    meta = meta_of(bundle)
+    assert source(meta, "nvidia-smi").status == "ok"
+    assert any(f.code == "host-key-accepted" for f in meta.findings)
+
+
+def test_dmesg_not_permitted_falls_back_to_journalctl(settings: Settings) -> None:
+    bundle = collect(target(settings, "gpu-nodmesg"), settings)
+    meta = meta_of(bundle)
+    kernel = source(meta, "kernel-log")
+    assert kernel.status == "ok"
+    assert "journalctl -k" in (kernel.command or "")
+    assert "not permitted" in (kernel.note or "")
+    assert any(f.code == "kernel-log-fallback" for f in meta.findings)
+    assert (bundle / "dmesg.txt").read_text() == (FIXTURES / "dmesg/journalctl-k.txt").read_text()
+
+
+def test_non_utf8_log_is_kept_with_a_finding(settings: Settings, make_container,
+                                             container_name: str) -> None:
+    make_container(container_name, r"printf 'ok \377\376 bytes\n'; printf 'Bus error\n'; sleep 300")
+    time.sleep(1)
+    bundle = collect(Target(kind="local", name="local"), settings, container=container_name)
+    data = (bundle / "containers" / f"{container_name}.log").read_bytes()
+    assert b"\xff\xfe" in data and b"Bus error" in data
+    assert any(f.code == "non-utf8-output" for f in meta_of(bundle).findings)
+
+
+def test_shell_metacharacters_in_container_name_run_nothing(settings: Settings,
+                                                            tmp_path: Path) -> None:
+    marker = tmp_path / "pwned"
+    with pytest.raises(InputError, match="invalid container name"):
+        collect(Target(kind="local", name="local"), settings, container=f"x; touch {marker}")
+    assert not marker.exists()
+    assert not (tmp_path / "bundles").exists() or not any((tmp_path / "bundles").iterdir())
+    proc = subprocess.run(
+        [sys.executable, "-m", "runbooks.cli", "collect", "local", "--container",
+         f"x; touch {marker}", "--out", str(tmp_path / "b2")],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert proc.returncode == 2
+    assert "invalid container name" in proc.stderr and "Traceback" not in proc.stderr
+    assert not marker.exists()
+
+
+def test_cli_collect_prints_bundle_path(settings: Settings, lab: LabState, tmp_path: Path) -> None:
+    env = {**os.environ, "CUDAMEDIC_CONFIG": lab.config}
+    proc = subprocess.run(
+        [shutil.which("cudamedic") or "cudamedic", "collect", "gpu-mismatch",
+         "--out", str(tmp_path), "--tar"],
+        capture_output=True, text=True, timeout=120, env=env,
+    )
+    assert proc.returncode == 0, proc.stderr
+    path = Path(proc.stdout.strip())
+    assert path.name.endswith(".tar.gz") and path.exists()
+
+
+def test_two_gigabyte_log_is_tailed_in_bounded_memory(settings: Settings, make_container,
+                                                      container_name: str, lab: LabState,
+                                                      tmp_path: Path) -> None:
+    # 2 GiB of log lines through the real engine's json-file driver.
+    make_container(
+        container_name,
+        "yes 'step 1 loss 2.3456 lr 0.0001 grad_norm 1.234 tokens/s 12345 mem 71234MiB' "
+        "| head -c 2147483648; echo 'RuntimeError: DataLoader worker (pid 42) is killed by "
+        "signal: Bus error.'; sleep 600",
+    )
+    deadline = time.monotonic() + 240
+    from docker import APIClient
+
+    api = APIClient(base_url=lab.engines["gpu"].url, timeout=30)
+    while time.monotonic() < deadline:
+        tail = api.logs(container_name, tail=1)
+        if b"Bus error" in tail:
+            break
+        time.sleep(2)
+    else:
+        pytest.fail("container did not write its 2 GiB log in time")
+    env = {**os.environ, "CUDAMEDIC_CONFIG": lab.config,
+           "CUDAMEDIC_LOG_TAIL_LINES": "10000000", "CUDAMEDIC_LOG_TAIL_BYTES": str(4 << 20),
+           "CUDAMEDIC_DOCKER_HOST": lab.engines["gpu"].url}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "runbooks.cli", "collect", "local", "--container", container_name,
+         "--out", str(tmp_path)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    _, status, usage = os.wait4(proc.pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0, proc.stderr.read() if proc.stderr else ""
+    bundle = Path(proc.stdout.read().decode().strip()) if proc.stdout else Path()
+    log = bundle / "containers" / f"{container_name}.log"
+    assert log.stat().st_size <= 4 << 20
+    assert log.read_bytes().rstrip().endswith(b"Bus error.")
+    meta = meta_of(bundle)
+    assert source(meta, f"{container_name}:log").truncated
+    assert any(f.code == "log-truncated" for f in meta.findings)
+    peak_mb = usage.ru_maxrss / 1024
+    assert peak_mb < 300, f"peak RSS {peak_mb:.0f} MB"
