@@ -80,3 +80,18 @@ def make_container(gpu_engine: docker.DockerClient) -> Iterator[object]:
             client.containers.get(name).remove(force=True)
         except docker.errors.NotFound:
             pass
+
+
+def pytest_terminal_summary(terminalreporter: object) -> None:
+    """Print the corpus accuracy table (per-class precision and recall) after the run."""
+    from tests.test_corpus import REPORT
+
+    if not REPORT:
+        return
+    write = terminalreporter.write_line  # type: ignore[attr-defined]
+    write(f"corpus accuracy: {REPORT['correct']}/{REPORT['total']} = {REPORT['accuracy']:.3f}")
+    write(f"{'class':28} {'cases':>5} {'precision':>9} {'recall':>7}")
+    for cls, n, precision, recall in REPORT["rows"]:  # type: ignore[union-attr]
+        write(f"{cls:28} {n:5d} {precision:9.2f} {recall:7.2f}")
+    for miss in REPORT["misses"]:  # type: ignore[union-attr]
+        write(f"  miss: {miss}")
