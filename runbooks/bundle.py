@@ -7,10 +7,10 @@ or unparsable file; they record a finding.
 
 from __future__ import annotations
 
-import json
-import tarfile
 import contextlib
 import io
+import json
+import tarfile
 import tempfile
 from collections.abc import Iterator
 from datetime import datetime
@@ -84,10 +84,13 @@ class Bundle(Frozen):
         return None
 
     def container_names(self) -> list[str]:
-        return sorted({PurePosixPath(p).name.split(".", 1)[0] for p in self.names()
-                       if p.startswith("containers/")})
-
-
+        return sorted(
+            {
+                PurePosixPath(p).name.split(".", 1)[0]
+                for p in self.names()
+                if p.startswith("containers/")
+            }
+        )
 
 
 def _decode(data: bytes) -> str:
@@ -153,8 +156,12 @@ def _read_dir(root: Path, origin: str) -> Bundle:
             meta = BundleMeta.model_validate(json.loads(files["bundle.json"]))
         except (ValueError, ValidationError) as exc:
             findings.append(
-                Finding(code="bundle-json-invalid", source="bundle.json", severity="warning",
-                        message=f"bundle.json unreadable: {str(exc).splitlines()[0]}")
+                Finding(
+                    code="bundle-json-invalid",
+                    source="bundle.json",
+                    severity="warning",
+                    message=f"bundle.json unreadable: {str(exc).splitlines()[0]}",
+                )
             )
     return Bundle(meta=meta, files=files, large=large, findings=tuple(findings), origin=origin)
 
@@ -167,8 +174,13 @@ def _extract_tar(path: Path, dest: Path) -> list[Finding]:
                 parts = PurePosixPath(member.name).parts
                 if not member.isfile() or member.name.startswith("/") or ".." in parts:
                     if not member.isdir():
-                        findings.append(Finding(code="tar-member-skipped", source=member.name,
-                                                message="not a plain file inside the bundle"))
+                        findings.append(
+                            Finding(
+                                code="tar-member-skipped",
+                                source=member.name,
+                                message="not a plain file inside the bundle",
+                            )
+                        )
                     continue
                 tar.extract(member, dest, filter="data")
     except (tarfile.TarError, EOFError, OSError) as exc:
@@ -186,4 +198,3 @@ def write_tar(bundle_dir: Path) -> Path:
 
 def dumps_json(data: object) -> str:
     return json.dumps(data, indent=2, sort_keys=True, default=str) + "\n"
-

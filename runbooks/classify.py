@@ -51,7 +51,8 @@ EXPLAIN: dict[str, str] = {
 def diagnose(facts: Facts, host: str | None = None) -> Diagnosis:
     matches = sorted(run_rules(facts), key=rank, reverse=True)
     container = next((c.name for c in facts.containers.values() if c.inspect), None) or next(
-        iter(facts.containers), None)
+        iter(facts.containers), None
+    )
     if matches:
         primary = matches[0]
         secondary = tuple(dict.fromkeys(m.incident for m in matches[1:]))
@@ -70,18 +71,30 @@ def diagnose(facts: Facts, host: str | None = None) -> Diagnosis:
     healthy_lines = _health_evidence(facts)
     if healthy_lines and not facts.exceptions:
         strong = [ln for ln in healthy_lines if not ln.text.startswith("container log has no")]
-        return Diagnosis(incident=Incident.HEALTHY,
-                         confidence=0.85 if len(strong) > 1 else 0.7 if strong else 0.5,
-                         summary=EXPLAIN["healthy"], evidence=tuple(healthy_lines), host=host,
-                         container=container, findings=tuple(facts.findings))
+        return Diagnosis(
+            incident=Incident.HEALTHY,
+            confidence=0.85 if len(strong) > 1 else 0.7 if strong else 0.5,
+            summary=EXPLAIN["healthy"],
+            evidence=tuple(healthy_lines),
+            host=host,
+            container=container,
+            findings=tuple(facts.findings),
+        )
     evidence = tuple(facts.exceptions[-3:])
     summary = EXPLAIN["unknown"]
     if evidence:
         summary += f" The last error was: {evidence[-1].text}"
     elif facts.ssh_error:
         summary += f" The host could not be reached: {facts.ssh_error}"
-    return Diagnosis(incident=Incident.UNKNOWN, confidence=0.3, summary=summary, evidence=evidence,
-                     host=host, container=container, findings=tuple(facts.findings))
+    return Diagnosis(
+        incident=Incident.UNKNOWN,
+        confidence=0.3,
+        summary=summary,
+        evidence=evidence,
+        host=host,
+        container=container,
+        findings=tuple(facts.findings),
+    )
 
 
 def _summary(match: Match) -> str:
@@ -97,17 +110,33 @@ def _health_evidence(facts: Facts) -> list[Line]:
     lines: list[Line] = []
     if facts.smi is not None and facts.smi.status == "ok" and facts.smi.gpus:
         first = facts.smi.gpus[0].line
-        lines.append(first or Line(source="nvidia-smi.txt", line=0,
-                                   text=f"{len(facts.smi.gpus)} GPUs, driver {facts.smi.driver_version}"))
+        lines.append(
+            first
+            or Line(
+                source="nvidia-smi.txt",
+                line=0,
+                text=f"{len(facts.smi.gpus)} GPUs, driver {facts.smi.driver_version}",
+            )
+        )
     if facts.nccl is not None and facts.nccl.avg_busbw is not None:
-        lines.append(Line(source="nccl-tests.txt", line=0,
-                          text=f"# Avg bus bandwidth    : {facts.nccl.avg_busbw}"))
+        lines.append(
+            Line(
+                source="nccl-tests.txt",
+                line=0,
+                text=f"# Avg bus bandwidth    : {facts.nccl.avg_busbw}",
+            )
+        )
     for c in facts.containers.values():
         if c.torch is not None and c.torch.is_available and c.torch.line:
             lines.append(c.torch.line)
         if c.has_log and not lines:
-            lines.append(Line(source=f"containers/{c.name}.log", line=0,
-                              text="container log has no error signature"))
+            lines.append(
+                Line(
+                    source=f"containers/{c.name}.log",
+                    line=0,
+                    text="container log has no error signature",
+                )
+            )
     return lines
 
 
@@ -128,7 +157,10 @@ def render_text(d: Diagnosis) -> str:
     """The diagnosis as a person reads it in a terminal."""
     out = [f"incident:   {d.incident}  (confidence {d.confidence:.2f})"]
     if d.host or d.container:
-        out.append(f"where:      host {d.host or '?'}" + (f", container {d.container}" if d.container else ""))
+        out.append(
+            f"where:      host {d.host or '?'}"
+            + (f", container {d.container}" if d.container else "")
+        )
     out.append(f"summary:    {d.summary}")
     if d.evidence:
         out.append("evidence:")

@@ -36,8 +36,9 @@ def cmd_collect(args: argparse.Namespace) -> int:
 
     settings = _settings(args)
     target = resolve_target(args.target, _inventory(settings))
-    path = collect(target, settings, container=args.container, out_dir=args.out,
-                   trigger=args.trigger)
+    path = collect(
+        target, settings, container=args.container, out_dir=args.out, trigger=args.trigger
+    )
     if args.tar:
         path = write_tar(path)
     print(path)
@@ -84,8 +85,10 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=logging.INFO if args.verbose else logging.WARNING,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
     from runbooks.errors import CudamedicError, InputError, TargetError
 
     try:

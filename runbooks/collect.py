@@ -8,7 +8,6 @@ Host commands run concurrently over one SSH connection; Docker calls run beside 
 from __future__ import annotations
 
 import concurrent.futures
-import contextlib
 import logging
 import os
 import platform
@@ -23,6 +22,7 @@ from runbooks import __version__, names
 from runbooks.bundle import BundleMeta, SourceResult, dumps_json
 from runbooks.errors import CudamedicError, InputError, TargetError
 from runbooks.evidence.docker_inspect import facts_from_dict
+from runbooks.evidence.nvidia_smi import parse_nvidia_smi
 from runbooks.model import Finding
 from runbooks.redact import redact_json, redact_text
 from runbooks.remote.docker import DockerEngine
@@ -51,9 +51,14 @@ class _Writer:
                 raw = data.decode("utf-8")
             except UnicodeDecodeError:
                 raw = data.decode("utf-8", errors="surrogateescape")
-                self.findings.append(Finding(
-                    code="non-utf8-output", source=rel, severity="info",
-                    message=f"{rel} holds bytes that are not UTF-8; kept as they are"))
+                self.findings.append(
+                    Finding(
+                        code="non-utf8-output",
+                        source=rel,
+                        severity="info",
+                        message=f"{rel} holds bytes that are not UTF-8; kept as they are",
+                    )
+                )
         else:
             raw = data
         clean = redact_text(raw)
@@ -71,7 +76,10 @@ class _Writer:
 
 
 def _result_from_command(
-    name: str, rel: str | None, res: CommandResult, ok_codes: tuple[int, ...] = (0,),
+    name: str,
+    rel: str | None,
+    res: CommandResult,
+    ok_codes: tuple[int, ...] = (0,),
     note: str | None = None,
 ) -> SourceResult:
     if res.timed_out:
@@ -84,27 +92,47 @@ def _result_from_command(
         tail = res.stderr.decode("utf-8", "replace").strip().splitlines()[-3:]
         error = redact_text(" | ".join(tail)) or f"exit code {res.exit_code}"
     return SourceResult(
-        name=name, path=rel, status=status, command=res.command, exit_code=res.exit_code,
-        duration_s=res.duration_s, error=error, note=note, truncated=res.truncated,
+        name=name,
+        path=rel,
+        status=status,
+        command=res.command,
+        exit_code=res.exit_code,
+        duration_s=res.duration_s,
+        error=error,
+        note=note,
+        truncated=res.truncated,
         bytes_seen=res.bytes_seen,
     )
 
 
-def _run_host_source(runner: CommandRunner, src: HostSource, settings: Settings,
-                     writer: _Writer) -> None:
+def _run_host_source(
+    runner: CommandRunner, src: HostSource, settings: Settings, writer: _Writer
+) -> None:
     timeout = src.timeout or settings.command_timeout
-    res = runner.run(src.command, timeout=timeout, max_bytes=settings.output_max_bytes, keep=src.keep)
+    res = runner.run(
+        src.command, timeout=timeout, max_bytes=settings.output_max_bytes, keep=src.keep
+    )
     note = None
     if src.fallback and not res.ok:
         stderr = res.stderr.decode("utf-8", "replace") + res.stdout.decode("utf-8", "replace")
         first = res
-        res = runner.run(src.fallback, timeout=timeout, max_bytes=settings.output_max_bytes,
-                         keep=src.keep)
-        reason = "not permitted" if _NOT_PERMITTED.search(stderr) else (
-            "timed out" if first.timed_out else f"exit {first.exit_code}")
+        res = runner.run(
+            src.fallback, timeout=timeout, max_bytes=settings.output_max_bytes, keep=src.keep
+        )
+        reason = (
+            "not permitted"
+            if _NOT_PERMITTED.search(stderr)
+            else ("timed out" if first.timed_out else f"exit {first.exit_code}")
+        )
         note = f"`{src.command}` {reason}: {stderr.strip()[:200]}; used `{src.fallback}`"
-        writer.findings.append(Finding(code=f"{src.name}-fallback", source=src.path,
-                                       severity="info", message=redact_text(note)))
+        writer.findings.append(
+            Finding(
+                code=f"{src.name}-fallback",
+                source=src.path,
+                severity="info",
+                message=redact_text(note),
+            )
+        )
         if not res.ok:
             # Keep the first command's output: its error text is evidence too.
             body = first.stdout + first.stderr + b"\n" + res.stdout + res.stderr
@@ -114,8 +142,9 @@ def _run_host_source(runner: CommandRunner, src: HostSource, settings: Settings,
     body = res.stdout if src.stdout_only else res.stdout + res.stderr
     if body or not src.stdout_only:
         writer.text(src.path, body)
-    writer.add(_result_from_command(src.name, src.path if body else None, res,
-                                    src.ok_exit_codes, note))
+    writer.add(
+        _result_from_command(src.name, src.path if body else None, res, src.ok_exit_codes, note)
+    )
 
 
 def _run_nccl_tests(runner: CommandRunner, settings: Settings, writer: _Writer) -> None:
@@ -126,20 +155,32 @@ def _run_nccl_tests(runner: CommandRunner, settings: Settings, writer: _Writer) 
     binary = shlex.quote(settings.nccl_tests_path)
     probe = runner.run(f"command -v {binary}", timeout=10, max_bytes=4096)
     if not probe.ok:
-        writer.add(SourceResult(name=name, status="skipped",
-                                note=f"{settings.nccl_tests_path} not found on the host"))
+        writer.add(
+            SourceResult(
+                name=name,
+                status="skipped",
+                note=f"{settings.nccl_tests_path} not found on the host",
+            )
+        )
         return
     gpus = settings.nccl_tests_gpus
     if gpus is None:
         listing = runner.run("nvidia-smi -L", timeout=settings.command_timeout, max_bytes=65536)
-        gpus = sum(1 for ln in listing.stdout.decode("utf-8", "replace").splitlines()
-                   if ln.startswith("GPU "))
+        gpus = sum(
+            1
+            for ln in listing.stdout.decode("utf-8", "replace").splitlines()
+            if ln.startswith("GPU ")
+        )
+        if gpus == 0:  # some drivers/wrappers print no -L list: count the table's GPUs
+            table = runner.run("nvidia-smi", timeout=settings.command_timeout, max_bytes=1 << 20)
+            gpus = len(parse_nvidia_smi(table.stdout.decode("utf-8", "replace")).gpus)
         if gpus == 0:
-            writer.add(SourceResult(name=name, status="skipped",
-                                    note="no GPUs listed by nvidia-smi -L"))
+            writer.add(
+                SourceResult(name=name, status="skipped", note="no GPUs listed by nvidia-smi -L")
+            )
             return
     budget = settings.nccl_tests_budget
-    command = (f"timeout -k 5 {int(budget)} {binary} -b 8 -e 1G -f 2 -g {int(gpus)}")
+    command = f"timeout -k 5 {int(budget)} {binary} -b 8 -e 1G -f 2 -g {int(gpus)}"
     res = runner.run(command, timeout=budget + 10, max_bytes=4 * 1024 * 1024)
     writer.text(NCCL_TESTS_PATH, res.stdout + res.stderr)
     writer.add(_result_from_command(name, NCCL_TESTS_PATH, res))
@@ -153,13 +194,15 @@ def _select_containers(engine: DockerEngine, writer: _Writer) -> list[str]:
         try:
             facts = facts_from_dict(engine.inspect(cid))
         except TargetError as exc:
-            writer.findings.append(Finding(code="container-inspect-failed", severity="warning",
-                                           message=str(exc)))
+            writer.findings.append(
+                Finding(code="container-inspect-failed", severity="warning", message=str(exc))
+            )
             continue
         if not facts.wants_gpu:
             continue
         recent_failure = (
-            not facts.running and (facts.exit_code or 0) != 0
+            not facts.running
+            and (facts.exit_code or 0) != 0
             and now - _parse_time(facts.finished_at) < _RECENT_EXIT_S
         )
         if facts.running or recent_failure:
@@ -174,8 +217,9 @@ def _parse_time(value: str) -> float:
         return 0.0
 
 
-def _collect_container(engine: DockerEngine, name: str, settings: Settings,
-                       writer: _Writer) -> None:
+def _collect_container(
+    engine: DockerEngine, name: str, settings: Settings, writer: _Writer
+) -> None:
     base = f"containers/{name}"
     start = time.monotonic()
     try:
@@ -184,23 +228,45 @@ def _collect_container(engine: DockerEngine, name: str, settings: Settings,
         writer.add(SourceResult(name=f"{name}:inspect", status="error", error=str(exc)))
         return
     writer.json(f"{base}.inspect.json", inspect)
-    writer.add(SourceResult(name=f"{name}:inspect", path=f"{base}.inspect.json", status="ok",
-                            duration_s=round(time.monotonic() - start, 3)))
+    writer.add(
+        SourceResult(
+            name=f"{name}:inspect",
+            path=f"{base}.inspect.json",
+            status="ok",
+            duration_s=round(time.monotonic() - start, 3),
+        )
+    )
     start = time.monotonic()
     try:
-        data, truncated, seen = engine.logs_tail(name, settings.log_tail_lines,
-                                                 settings.log_tail_bytes)
+        data, truncated, seen = engine.logs_tail(
+            name, settings.log_tail_lines, settings.log_tail_bytes
+        )
         writer.text(f"{base}.log", data)
-        writer.add(SourceResult(
-            name=f"{name}:log", path=f"{base}.log", status="ok", truncated=truncated,
-            bytes_seen=seen, duration_s=round(time.monotonic() - start, 3),
-            note=(f"tail of {settings.log_tail_lines} lines; bounded to "
-                  f"{settings.log_tail_bytes} bytes" if truncated else None),
-        ))
+        writer.add(
+            SourceResult(
+                name=f"{name}:log",
+                path=f"{base}.log",
+                status="ok",
+                truncated=truncated,
+                bytes_seen=seen,
+                duration_s=round(time.monotonic() - start, 3),
+                note=(
+                    f"tail of {settings.log_tail_lines} lines; bounded to "
+                    f"{settings.log_tail_bytes} bytes"
+                    if truncated
+                    else None
+                ),
+            )
+        )
         if truncated:
-            writer.findings.append(Finding(
-                code="log-truncated", source=f"{base}.log", severity="info",
-                message=f"log tail was {seen} bytes; kept the newest {settings.log_tail_bytes}"))
+            writer.findings.append(
+                Finding(
+                    code="log-truncated",
+                    source=f"{base}.log",
+                    severity="info",
+                    message=f"log tail was {seen} bytes; kept the newest {settings.log_tail_bytes}",
+                )
+            )
     except CudamedicError as exc:
         writer.add(SourceResult(name=f"{name}:log", status="error", error=str(exc)))
     running = bool((inspect.get("State") or {}).get("Running"))
@@ -211,27 +277,51 @@ def _collect_container(engine: DockerEngine, name: str, settings: Settings,
             writer.add(SourceResult(name=label, status="skipped", note="container is not running"))
             continue
         try:
-            res = engine.exec(name, list(probe.argv), settings.exec_timeout,
-                              settings.output_max_bytes)
+            res = engine.exec(
+                name, list(probe.argv), settings.exec_timeout, settings.output_max_bytes
+            )
         except CudamedicError as exc:
             writer.add(SourceResult(name=label, status="error", error=str(exc)))
             continue
         writer.text(rel, res.stdout + res.stderr)
-        writer.add(_result_from_command(label, rel, res).model_copy(
-            update={"command": " ".join(probe.argv[:3]) if probe.name == "torch" else res.command}))
+        writer.add(
+            _result_from_command(label, rel, res).model_copy(
+                update={
+                    "command": " ".join(probe.argv[:3]) if probe.name == "torch" else res.command
+                }
+            )
+        )
 
 
 def _collector_versions() -> dict[str, str]:
     import docker
     import paramiko
 
-    return {"cudamedic": __version__, "python": platform.python_version(),
-            "paramiko": paramiko.__version__, "docker-py": docker.__version__}
+    return {
+        "cudamedic": __version__,
+        "python": platform.python_version(),
+        "paramiko": paramiko.__version__,
+        "docker-py": docker.__version__,
+    }
 
 
 def bundle_dir_name(host: str, container: str | None, when: datetime) -> str:
     stamp = when.strftime("%Y%m%dT%H%M%SZ")
     return f"{host}-{container}-{stamp}" if container else f"{host}-{stamp}"
+
+
+def _new_dir(path: Path) -> Path:
+    """Create a fresh bundle directory; a second collection in the same second gets -2, -3..."""
+    for n in range(1, 100):
+        candidate = path if n == 1 else path.with_name(f"{path.name}-{n}")
+        try:
+            candidate.mkdir(parents=True, exist_ok=False)
+            return candidate
+        except FileExistsError:
+            continue
+        except OSError as exc:
+            raise InputError(f"cannot create bundle directory {candidate}: {exc}") from exc
+    raise InputError(f"cannot create a new bundle directory beside {path}")
 
 
 def collect(
@@ -247,11 +337,7 @@ def collect(
         container = names.container_name(container)
     started = time.monotonic()
     when = datetime.now(UTC)
-    root = (out_dir or settings.out_dir) / bundle_dir_name(target.name, container, when)
-    try:
-        root.mkdir(parents=True, exist_ok=False)
-    except OSError as exc:
-        raise InputError(f"cannot create bundle directory {root}: {exc}") from exc
+    root = _new_dir((out_dir or settings.out_dir) / bundle_dir_name(target.name, container, when))
     writer = _Writer(root)
     if trigger:
         writer.text("trigger.txt", trigger)
@@ -267,14 +353,19 @@ def collect(
             try:
                 runner = SshRunner(target.host, settings, jump_host=target.jump)
                 if isinstance(runner, SshRunner) and runner.accepted_host_key:
-                    writer.findings.append(Finding(
-                        code="host-key-accepted", severity="warning",
-                        message=f"unknown host key accepted by inventory opt-in: "
-                                f"{runner.accepted_host_key}"))
+                    writer.findings.append(
+                        Finding(
+                            code="host-key-accepted",
+                            severity="warning",
+                            message=f"unknown host key accepted by inventory opt-in: "
+                            f"{runner.accepted_host_key}",
+                        )
+                    )
             except TargetError as exc:
                 writer.add(SourceResult(name="ssh", status="error", error=str(exc)))
-                writer.findings.append(Finding(code="target-unreachable", severity="error",
-                                               message=str(exc)))
+                writer.findings.append(
+                    Finding(code="target-unreachable", severity="error", message=str(exc))
+                )
         with concurrent.futures.ThreadPoolExecutor(max_workers=4) as pool:
             futures: dict[concurrent.futures.Future[None], str] = {}
             if runner is not None:
@@ -283,15 +374,22 @@ def collect(
                 futures[pool.submit(_run_nccl_tests, runner, settings, writer)] = "nccl-tests"
             else:
                 for src in HOST_SOURCES:
-                    writer.add(SourceResult(name=src.name, status="error",
-                                            error="host unreachable; see source 'ssh'"))
+                    writer.add(
+                        SourceResult(
+                            name=src.name,
+                            status="error",
+                            error="host unreachable; see source 'ssh'",
+                        )
+                    )
             # Docker, beside the host commands.
             if runner is not None:
                 try:
                     if isinstance(runner, SshRunner):
-                        engine = DockerEngine.over_ssh(runner, target.host.docker_host
-                                                       if target.host else None,
-                                                       settings.docker_timeout)
+                        engine = DockerEngine.over_ssh(
+                            runner,
+                            target.host.docker_host if target.host else None,
+                            settings.docker_timeout,
+                        )
                     else:
                         engine = DockerEngine.local(settings.docker_host, settings.docker_timeout)
                 except CudamedicError as exc:
@@ -303,8 +401,13 @@ def collect(
                     fut.result()
                 except Exception as exc:  # a bug in one source must not lose the others
                     log.exception("source %s crashed", futures[fut])
-                    writer.add(SourceResult(name=futures[fut], status="error",
-                                            error=f"internal error: {type(exc).__name__}: {exc}"))
+                    writer.add(
+                        SourceResult(
+                            name=futures[fut],
+                            status="error",
+                            error=f"internal error: {type(exc).__name__}: {exc}",
+                        )
+                    )
     finally:
         if engine is not None:
             engine.close()
@@ -313,8 +416,11 @@ def collect(
 
     meta = BundleMeta(
         host=target.name,
-        target=target.kind if target.kind == "local" else
-        f"ssh://{target.host.address}:{target.host.port}" if target.host else target.name,
+        target=target.kind
+        if target.kind == "local"
+        else f"ssh://{target.host.address}:{target.host.port}"
+        if target.host
+        else target.name,
         containers=tuple(containers),
         collected_at=when,
         duration_s=round(time.monotonic() - started, 3),
@@ -329,13 +435,20 @@ def collect(
     return root
 
 
-def _collect_docker(engine: DockerEngine, containers: list[str], settings: Settings,
-                    writer: _Writer) -> None:
+def _collect_docker(
+    engine: DockerEngine, containers: list[str], settings: Settings, writer: _Writer
+) -> None:
     start = time.monotonic()
     try:
         writer.json("docker-info.json", engine.info())
-        writer.add(SourceResult(name="docker-info", path="docker-info.json", status="ok",
-                                duration_s=round(time.monotonic() - start, 3)))
+        writer.add(
+            SourceResult(
+                name="docker-info",
+                path="docker-info.json",
+                status="ok",
+                duration_s=round(time.monotonic() - start, 3),
+            )
+        )
     except CudamedicError as exc:
         writer.add(SourceResult(name="docker-info", status="error", error=str(exc)))
         return
@@ -346,7 +459,12 @@ def _collect_docker(engine: DockerEngine, containers: list[str], settings: Setti
             writer.add(SourceResult(name="containers", status="error", error=str(exc)))
             return
         if not containers:
-            writer.findings.append(Finding(code="no-gpu-containers", severity="info",
-                                           message="no running container has or wants GPUs"))
+            writer.findings.append(
+                Finding(
+                    code="no-gpu-containers",
+                    severity="info",
+                    message="no running container has or wants GPUs",
+                )
+            )
     for name in containers:
         _collect_container(engine, name, settings, writer)

@@ -90,8 +90,11 @@ class Facts(BaseModel):
     @property
     def started_at(self) -> datetime | None:
         starts = [
-            t for c in self.containers.values() if c.inspect and c.inspect.started_at
-            for t in [_parse_time(c.inspect.started_at)] if t and t.year > 1
+            t
+            for c in self.containers.values()
+            if c.inspect and c.inspect.started_at
+            for t in [_parse_time(c.inspect.started_at)]
+            if t and t.year > 1
         ]
         return min(starts) if starts else None
 
@@ -101,7 +104,7 @@ def _parse_time(value: str) -> datetime | None:
     if "." in text:  # Docker prints nanoseconds; Python takes at most microseconds
         head, _, rest = text.partition(".")
         digits = "".join(ch for ch in rest if ch.isdigit())
-        tz = rest[len(digits):]
+        tz = rest[len(digits) :]
         text = f"{head}.{digits[:6]}{tz}"
     try:
         parsed = datetime.fromisoformat(text)
@@ -141,8 +144,12 @@ def gather(bundle: Bundle) -> Facts:
         for src in meta.sources:
             if src.name == "ssh" and src.status == "error":
                 facts.ssh_error = src.error
-            if src.name == "container-toolkit" and src.status == "failed" and src.error and \
-                    "not found" in src.error:
+            if (
+                src.name == "container-toolkit"
+                and src.status == "failed"
+                and src.error
+                and "not found" in src.error
+            ):
                 facts.toolkit_missing = True
     files = bundle.files
     if (text := bundle.text("nvidia-smi.txt")) is not None:
@@ -178,8 +185,17 @@ def gather(bundle: Bundle) -> Facts:
     return facts
 
 
-_INSPECT_KEYS = ("ShmSize", "IpcMode", "DeviceRequests", "Runtime", "OOMKilled", "Ulimits",
-                 "CapAdd", "ExitCode", "Image")
+_INSPECT_KEYS = (
+    "ShmSize",
+    "IpcMode",
+    "DeviceRequests",
+    "Runtime",
+    "OOMKilled",
+    "Ulimits",
+    "CapAdd",
+    "ExitCode",
+    "Image",
+)
 
 
 def _key_lines(text: str, source: str) -> dict[str, Line]:

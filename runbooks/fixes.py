@@ -14,8 +14,10 @@ from runbooks.model import ContainerChange, Fix, GpuRequestSpec, Match, UlimitSp
 from runbooks.taxonomy import Incident
 
 GiB = 1024**3
-MEMLOCK = (UlimitSpec(name="memlock", soft=-1, hard=-1),
-           UlimitSpec(name="stack", soft=67108864, hard=67108864))
+MEMLOCK = (
+    UlimitSpec(name="memlock", soft=-1, hard=-1),
+    UlimitSpec(name="stack", soft=67108864, hard=67108864),
+)
 
 MANUAL: dict[Incident, tuple[str, ...]] = {
     Incident.CONTAINER_TOOLKIT_MISSING: (
@@ -101,7 +103,7 @@ def _gpu_count(facts: Facts) -> int:
 
 
 def _intended_devices(c: ContainerFacts) -> tuple[str, ...]:
-    """Devices the container was meant to have: label `cudamedic.gpus`, or NVIDIA_VISIBLE_DEVICES."""
+    """Devices the container was meant to have: label `cudamedic.gpus` or NVIDIA_VISIBLE_DEVICES."""
     assert c.inspect is not None
     spec = c.inspect.labels.get("cudamedic.gpus") or c.inspect.env.get("NVIDIA_VISIBLE_DEVICES", "")
     spec = spec.strip()
@@ -124,44 +126,72 @@ def propose_fix(match: Match | None, facts: Facts) -> Fix | None:
     if incident == Incident.GPU_HARDWARE_FAULT:
         return Fix(safe=False, steps=_hardware_steps(facts))
     if c is None or c.inspect is None:
-        if incident in (Incident.GPU_NOT_REQUESTED, Incident.SHM_TOO_SMALL,
-                        Incident.MEMLOCK_LIMIT):
-            return Fix(safe=False, steps=(*_flag_hint(incident), *manual),
-                       note="no container inspect in the evidence: cannot plan a recreate")
+        if incident in (Incident.GPU_NOT_REQUESTED, Incident.SHM_TOO_SMALL, Incident.MEMLOCK_LIMIT):
+            return Fix(
+                safe=False,
+                steps=(*_flag_hint(incident), *manual),
+                note="no container inspect in the evidence: cannot plan a recreate",
+            )
         return Fix(safe=False, steps=manual) if manual else None
     info = c.inspect
     if incident == Incident.GPU_NOT_REQUESTED:
         if gpus == 0:
-            return Fix(safe=False, container=c.name,
-                       steps=("Check the host's GPUs first (`nvidia-smi`): no working GPU seen.",),
-                       note="the host shows no working GPU, so adding --gpus would not help")
+            return Fix(
+                safe=False,
+                container=c.name,
+                steps=("Check the host's GPUs first (`nvidia-smi`): no working GPU seen.",),
+                note="the host shows no working GPU, so adding --gpus would not help",
+            )
         devices = _intended_devices(c)
-        change = ContainerChange(device_requests=(GpuRequestSpec(
-            count=0 if devices else -1, device_ids=devices),))
+        change = ContainerChange(
+            device_requests=(GpuRequestSpec(count=0 if devices else -1, device_ids=devices),)
+        )
         return Fix(safe=True, container=c.name, change=change, docker_run=(_gpus_flag(devices),))
     if incident == Incident.SHM_TOO_SMALL:
-        multi = gpus > 1 or any(r.count == -1 or r.count > 1 or len(r.device_ids) > 1
-                                for r in info.gpu_requests)
+        multi = gpus > 1 or any(
+            r.count == -1 or r.count > 1 or len(r.device_ids) > 1 for r in info.gpu_requests
+        )
         size = 8 * GiB if multi else 1 * GiB
-        return Fix(safe=True, container=c.name, change=ContainerChange(shm_size=size),
-                   docker_run=(f"+ --shm-size={size // GiB}g",),
-                   note="--ipc=host is the alternative where the policy allows it")
+        return Fix(
+            safe=True,
+            container=c.name,
+            change=ContainerChange(shm_size=size),
+            docker_run=(f"+ --shm-size={size // GiB}g",),
+            note="--ipc=host is the alternative where the policy allows it",
+        )
     if incident == Incident.MEMLOCK_LIMIT:
-        return Fix(safe=True, container=c.name,
-                   change=ContainerChange(ulimits=MEMLOCK, cap_add=("IPC_LOCK",)),
-                   docker_run=("+ --ulimit memlock=-1", "+ --ulimit stack=67108864",
-                               "+ --cap-add IPC_LOCK"))
+        return Fix(
+            safe=True,
+            container=c.name,
+            change=ContainerChange(ulimits=MEMLOCK, cap_add=("IPC_LOCK",)),
+            docker_run=(
+                "+ --ulimit memlock=-1",
+                "+ --ulimit stack=67108864",
+                "+ --cap-add IPC_LOCK",
+            ),
+        )
     if incident == Incident.INVALID_DEVICE_ORDINAL:
         visible = sum(max(r.count, 0) + len(r.device_ids) for r in info.gpu_requests)
         all_given = any(r.count == -1 for r in info.gpu_requests)
         if gpus > 1 and not all_given and (visible < gpus):
             devices = _intended_devices(c)
-            return Fix(safe=True, container=c.name, change=ContainerChange(
-                device_requests=(GpuRequestSpec(count=0 if devices else -1, device_ids=devices),)),
+            return Fix(
+                safe=True,
+                container=c.name,
+                change=ContainerChange(
+                    device_requests=(
+                        GpuRequestSpec(count=0 if devices else -1, device_ids=devices),
+                    )
+                ),
                 docker_run=(_gpus_flag(devices),),
-                note=f"the host has {gpus} GPUs; the container saw {visible}")
-        return Fix(safe=False, container=c.name, steps=manual,
-                   note="the container already sees every GPU the host has")
+                note=f"the host has {gpus} GPUs; the container saw {visible}",
+            )
+        return Fix(
+            safe=False,
+            container=c.name,
+            steps=manual,
+            note="the container already sees every GPU the host has",
+        )
     if incident == Incident.NCCL_SLOW_TRANSPORT:
         delta: list[str] = []
         change = ContainerChange()
@@ -176,8 +206,14 @@ def propose_fix(match: Match | None, facts: Facts) -> Fix | None:
             delta.append("+ --cap-add IPC_LOCK")
             change = change.model_copy(update={"cap_add": ("IPC_LOCK",)})
         if delta:
-            return Fix(safe=True, container=c.name, change=change, docker_run=tuple(delta),
-                       steps=manual, note="container flags first; if still slow, the host work")
+            return Fix(
+                safe=True,
+                container=c.name,
+                change=change,
+                docker_run=tuple(delta),
+                steps=manual,
+                note="container flags first; if still slow, the host work",
+            )
         return Fix(safe=False, container=c.name, steps=manual)
     return Fix(safe=False, container=c.name, steps=manual) if manual else None
 
@@ -186,8 +222,10 @@ def _flag_hint(incident: Incident) -> tuple[str, ...]:
     return {
         Incident.GPU_NOT_REQUESTED: ("Recreate the container with `--gpus all`.",),
         Incident.SHM_TOO_SMALL: ("Recreate the container with `--shm-size=8g` (or `--ipc=host`).",),
-        Incident.MEMLOCK_LIMIT: ("Recreate the container with `--ulimit memlock=-1 --ulimit "
-                                 "stack=67108864 --cap-add IPC_LOCK`.",),
+        Incident.MEMLOCK_LIMIT: (
+            "Recreate the container with `--ulimit memlock=-1 --ulimit "
+            "stack=67108864 --cap-add IPC_LOCK`.",
+        ),
     }.get(incident, ())
 
 
@@ -211,7 +249,9 @@ def _hardware_steps(facts: Facts) -> tuple[str, ...]:
             seen.add(xid.code)
             action = _ACTIONS.get(info.immediate_action, info.immediate_action)
             follow = _ACTIONS.get(info.investigatory_action, info.investigatory_action)
-            steps.append(f"Xid {xid.code} ({info.mnemonic}): NVIDIA's immediate action: {action}; "
-                         f"then: {follow}.")
+            steps.append(
+                f"Xid {xid.code} ({info.mnemonic}): NVIDIA's immediate action: {action}; "
+                f"then: {follow}."
+            )
     steps.append("Run `dcgmi diag -r 3` before returning the node; open an RMA if it fails.")
     return tuple(steps)

@@ -89,7 +89,9 @@ def load_inventory(path: Path) -> Inventory:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise InputError(f"cannot read inventory {path}: {exc}") from exc
-    if path.suffix.lower() in {".ini", ".cfg", ""} and not text.lstrip().startswith(("hosts:", "all:")):
+    if path.suffix.lower() in {".ini", ".cfg", ""} and not text.lstrip().startswith(
+        ("hosts:", "all:")
+    ):
         try:
             return _from_ansible_ini(text, path)
         except configparser.Error:
@@ -122,7 +124,8 @@ def _build(raw: dict[str, dict[str, Any]], path: Path) -> Inventory:
     for host in hosts.values():
         if host.jump and "@" not in host.jump and ":" not in host.jump and host.jump not in hosts:
             raise InputError(
-                f"inventory {path}: host {host.name!r}: jump host {host.jump!r} is not in the inventory"
+                f"inventory {path}: host {host.name!r}: jump host {host.jump!r} "
+                "is not in the inventory"
             )
     return Inventory(hosts=hosts)
 

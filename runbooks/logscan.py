@@ -107,6 +107,7 @@ class _Matcher:
 
     def scan(self, chunk: bytes | memoryview, on_match: Callable[[int, int], None]) -> None:
         if self._hs is not None:
+
             def handler(idx: int, start: int, end: int, flags: int, ctx: object) -> None:
                 on_match(idx, end)
 
@@ -114,7 +115,7 @@ class _Matcher:
             return
         found: list[tuple[int, int]] = []
         for idx, rx in enumerate(self._res):
-            found.extend((m.end(), idx) for m in rx.finditer(chunk))  # type: ignore[arg-type]
+            found.extend((m.end(), idx) for m in rx.finditer(chunk))
         for end, idx in sorted(found):
             on_match(idx, end)
 
@@ -124,8 +125,9 @@ def _matcher(kind: Where) -> _Matcher:
     return _Matcher(tuple(s for s in signatures() if applies(s, kind)))
 
 
-def scan_stream(stream: IO[bytes], source: str, kind: Where = "log",
-                chunk_size: int = CHUNK) -> ScanResult:
+def scan_stream(
+    stream: IO[bytes], source: str, kind: Where = "log", chunk_size: int = CHUNK
+) -> ScanResult:
     """Scan a binary stream; never raises on content (binary junk, huge lines, bad UTF-8).
 
     Each read is scanned in place (a memoryview, no copy) from its first to its last newline;
@@ -168,8 +170,9 @@ def scan_text(text: str, source: str, kind: Where = "log") -> ScanResult:
     return scan_stream(io.BytesIO(text.encode("utf-8", errors="replace")), source, kind)
 
 
-def _scan_piece(matcher: _Matcher, data: bytes, begin: int, end: int, base_line: int,
-                result: ScanResult) -> None:
+def _scan_piece(
+    matcher: _Matcher, data: bytes, begin: int, end: int, base_line: int, result: ScanResult
+) -> None:
     """Scan data[begin:end] (whole lines); line numbers start after `base_line` lines."""
     cursor_off = begin
     cursor_line = 0  # newlines in data[begin:cursor_off]

@@ -14,7 +14,9 @@ from runbooks.errors import InputError
 
 # Docker's own rule for container names (daemon/names: validContainerNamePattern).
 _CONTAINER = re.compile(r"/?[a-zA-Z0-9][a-zA-Z0-9_.-]{0,254}")
-_HOSTNAME = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,62})(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]{0,62}))*\.?")
+_HOSTNAME = re.compile(
+    r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,62})(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]{0,62}))*\.?"
+)
 _INVENTORY_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
 _USER = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]{0,31}")
 
@@ -48,9 +50,7 @@ def host_address(value: str) -> str:
 
 def inventory_name(value: str) -> str:
     if not _INVENTORY_NAME.fullmatch(value):
-        raise InputError(
-            f"invalid host name {_show(value)}: allowed are letters, digits and '_.-'"
-        )
+        raise InputError(f"invalid host name {_show(value)}: allowed are letters, digits and '_.-'")
     return value
 
 

@@ -17,19 +17,23 @@ from typing import Any
 
 MASK = "[REDACTED]"
 
-_SECRET_WORDS = (
+_CREDENTIAL_WORDS = (
     r"pass(?:wd|word|phrase)?|secret|token|api[_-]?key|access[_-]?key|private[_-]?key|"
     r"secret[_-]?key|auth(?:orization)?|credentials?|session[_-]?id|cookie|signature|"
     r"(?<![a-z])key(?![a-z])|dsn|conn(?:ection)?[_-]?string|webhook"
 )
-_NAME_IS_SECRET = re.compile(rf"(?i)(?:^|[_.\-])(?:{_SECRET_WORDS})(?:$|[_.\-])|(?i:{_SECRET_WORDS})$")
+_NAME_IS_SECRET = re.compile(
+    rf"(?i)(?:^|[_.\-])(?:{_CREDENTIAL_WORDS})(?:$|[_.\-])|(?i:{_CREDENTIAL_WORDS})$"
+)
 
 # NAME=value / NAME: value where NAME looks like a credential (env lines, configs, logs).
 _ASSIGN = re.compile(
-    rf"(?i)(?P<name>\b[A-Za-z0-9_.\-]*(?:{_SECRET_WORDS})[A-Za-z0-9_.\-]*)"
+    rf"(?i)(?P<name>\b[A-Za-z0-9_.\-]*(?:{_CREDENTIAL_WORDS})[A-Za-z0-9_.\-]*)"
     r"(?P<sep>\s*[=:]\s*|\"\s*:\s*\")(?P<quote>[\"']?)(?P<value>[^\s\"',;}]+)"
 )
-_URL_CRED = re.compile(r"(?P<pre>\b[a-zA-Z][a-zA-Z0-9+.\-]*://[^\s:/@\"']+:)(?P<pw>[^\s@/\"']+)(?P<at>@)")
+_URL_CRED = re.compile(
+    r"(?P<pre>\b[a-zA-Z][a-zA-Z0-9+.\-]*://[^\s:/@\"']+:)(?P<pw>[^\s@/\"']+)(?P<at>@)"
+)
 _CLI_FLAG = re.compile(
     r"(?i)(?P<flag>--?(?:[a-z0-9]+-)*(?:password|passwd|pass|token|secret|api-key|apikey|"
     r"access-key|secret-key|key|auth|credentials?))(?P<sep>=|\s+)(?P<value>(?!-)[^\s\"']+)"

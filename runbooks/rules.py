@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterable
 from datetime import timedelta
 
 from runbooks import knowledge
+from runbooks.evidence.nvidia_smi import XmlGpu
 from runbooks.facts import ContainerFacts, Facts, Origin
 from runbooks.logscan import signature, signatures
 from runbooks.model import Line, Match
@@ -64,7 +65,9 @@ def rule(incident: Incident) -> Callable[[Rule], Rule]:
 
 
 # -- helpers over signature hits ---------------------------------------------------------------
-def hits(facts: Facts, sig_ids: Iterable[str], origins: Iterable[Origin] | None = None) -> list[Line]:
+def hits(
+    facts: Facts, sig_ids: Iterable[str], origins: Iterable[Origin] | None = None
+) -> list[Line]:
     wanted = set(sig_ids)
     allowed = set(origins) if origins is not None else None
     out: list[Line] = []
@@ -77,13 +80,20 @@ def hits(facts: Facts, sig_ids: Iterable[str], origins: Iterable[Origin] | None 
     return sorted(out, key=lambda ln: (ln.source, ln.line))
 
 
-def class_sigs(incident: Incident, roles: Iterable[str] = ("cause", "symptom", "context")) -> list[str]:
+def class_sigs(
+    incident: Incident, roles: Iterable[str] = ("cause", "symptom", "context")
+) -> list[str]:
     wanted = set(roles)
     return [s.id for s in signatures() if s.incident == incident and s.role in wanted]
 
 
-def sig_match(facts: Facts, incident: Incident, origins: Iterable[Origin] | None = None,
-              exclude: Iterable[str] = (), reason: str = "") -> Match | None:
+def sig_match(
+    facts: Facts,
+    incident: Incident,
+    origins: Iterable[Origin] | None = None,
+    exclude: Iterable[str] = (),
+    reason: str = "",
+) -> Match | None:
     """A Match from every signature of the class; confidence = the best weight, +0.03 for each
     further distinct signature that also matched (corroboration), capped at 0.99."""
     skip = set(exclude)
@@ -99,8 +109,13 @@ def sig_match(facts: Facts, incident: Incident, origins: Iterable[Origin] | None
     weights = sorted((signature(s).weight for s in found), reverse=True)
     confidence = min(0.99, weights[0] + 0.03 * (len(weights) - 1))
     evidence = _dedupe(line for lines in found.values() for line in lines)
-    return Match(incident=incident, confidence=round(confidence, 2), evidence=tuple(evidence[:8]),
-                 reason=reason or f"matched {', '.join(sorted(found))}", rule="signatures")
+    return Match(
+        incident=incident,
+        confidence=round(confidence, 2),
+        evidence=tuple(evidence[:8]),
+        reason=reason or f"matched {', '.join(sorted(found))}",
+        rule="signatures",
+    )
 
 
 def _dedupe(lines: Iterable[Line]) -> list[Line]:
@@ -113,13 +128,23 @@ def _dedupe(lines: Iterable[Line]) -> list[Line]:
     return out
 
 
-def _boost(match: Match | None, incident: Incident, confidence: float, evidence: Iterable[Line],
-           reason: str) -> Match:
+def _boost(
+    match: Match | None,
+    incident: Incident,
+    confidence: float,
+    evidence: Iterable[Line],
+    reason: str,
+) -> Match:
     """Combine a signature match with fact evidence: the higher confidence, all lines."""
     lines = list(evidence)
     if match is None:
-        return Match(incident=incident, confidence=round(min(confidence, 0.99), 2),
-                     evidence=tuple(_dedupe(lines)[:8]), reason=reason, rule="facts")
+        return Match(
+            incident=incident,
+            confidence=round(min(confidence, 0.99), 2),
+            evidence=tuple(_dedupe(lines)[:8]),
+            reason=reason,
+            rule="facts",
+        )
     return Match(
         incident=incident,
         confidence=round(min(0.99, max(match.confidence, confidence) + 0.02), 2),
@@ -186,7 +211,9 @@ def gpu_hardware_fault(facts: Facts) -> Match | None:
                 continue
             lines.append(xid.line)
             best = max(best, 0.95 if info.severity == "critical" else 0.8)
-            reasons.append(f"Xid {xid.code} ({info.mnemonic}): NVIDIA action {info.immediate_action}")
+            reasons.append(
+                f"Xid {xid.code} ({info.mnemonic}): NVIDIA action {info.immediate_action}"
+            )
     for ln in hits(facts, ["xid-mention"], origins=("container", "trigger", "host")):
         for code in _XID_CODE.findall(ln.text):
             info = knowledge.xid_info(int(code))
@@ -200,22 +227,31 @@ def gpu_hardware_fault(facts: Facts) -> Match | None:
             if gpu.err_fields and gpu.line is not None:
                 lines.append(gpu.line)
                 best = max(best, 0.85)
-                reasons.append(f"nvidia-smi shows ERR! for GPU {gpu.index} ({', '.join(gpu.err_fields)})")
+                reasons.append(
+                    f"nvidia-smi shows ERR! for GPU {gpu.index} ({', '.join(gpu.err_fields)})"
+                )
     if facts.smi_xml is not None:
         rules = knowledge.ecc_rules()
-        for gpu in facts.smi_xml.gpus:
-            tripped = _ecc_faults(gpu, rules)
+        for xgpu in facts.smi_xml.gpus:
+            tripped = _ecc_faults(xgpu, rules)
             if tripped:
                 best = max(best, 0.9)
-                lines.append(Line(source="nvidia-smi.xml", line=0,
-                                  text=f"GPU {gpu.bus_id}: {', '.join(tripped)}"))
-                reasons.append(f"GPU {gpu.bus_id}: {', '.join(tripped)}")
+                lines.append(
+                    Line(
+                        source="nvidia-smi.xml",
+                        line=0,
+                        text=f"GPU {xgpu.bus_id}: {', '.join(tripped)}",
+                    )
+                )
+                reasons.append(f"GPU {xgpu.bus_id}: {', '.join(tripped)}")
     if not lines:
         if match is None or facts.kernel is None:
             return match
         # Signature-only: kernel lines of old Xids are context, not the cause.
         old = {x.line.line for x in facts.kernel.xids if not recent(facts, x.timestamp, x.uptime_s)}
-        kept = tuple(ln for ln in match.evidence if not (ln.source == "dmesg.txt" and ln.line in old))
+        kept = tuple(
+            ln for ln in match.evidence if not (ln.source == "dmesg.txt" and ln.line in old)
+        )
         return match.model_copy(update={"evidence": kept}) if kept else None
     return _boost(match, Incident.GPU_HARDWARE_FAULT, best, lines, "; ".join(reasons))
 
@@ -223,28 +259,43 @@ def gpu_hardware_fault(facts: Facts) -> Match | None:
 _XID_CODE = re.compile(r"Xid\s*(?:\(PCI:[^)]*\))?[\s:,]*(\d{1,3})\b")
 
 
-def _ecc_faults(gpu: object, rules: knowledge.EccRules) -> list[str]:
-    out: list[str] = []
-    rows = getattr(gpu, "remapped_rows", None)
+def ecc_counters(gpu: XmlGpu) -> dict[str, int]:
+    """The XML's counters under the names ecc.yaml's rules use (nvidia-smi query names)."""
+    values: dict[str, int] = {}
+    rows = gpu.remapped_rows
     if rows is not None:
-        if rows.pending:
-            out.append("row remap pending")
-        if rows.failure:
-            out.append("row remap FAILED")
-    for label in ("ecc_volatile", "ecc_aggregate"):
-        ecc = getattr(gpu, label, None)
+        if rows.pending is not None:
+            values["remapped_rows.pending"] = int(rows.pending)
+        if rows.failure is not None:
+            values["remapped_rows.failure"] = int(rows.failure)
+    for scope, ecc in (("volatile", gpu.ecc_volatile), ("aggregate", gpu.ecc_aggregate)):
         if ecc is None:
             continue
-        if (ecc.sram_uncorrectable or 0) > 0:
-            out.append(f"SRAM uncorrectable ECC {ecc.sram_uncorrectable} ({label[4:]})")
-        if (ecc.dram_uncorrectable or 0) > 20_000_000 or (ecc.dram_correctable or 0) > 20_000_000:
-            out.append(f"DRAM ECC over 20,000,000 ({label[4:]})")
-    pages = getattr(gpu, "retired_pages", None)
+        for kind, corrected, uncorrected in (
+            ("sram", ecc.sram_correctable, ecc.sram_uncorrectable),
+            ("dram", ecc.dram_correctable, ecc.dram_uncorrectable),
+        ):
+            if corrected is not None:
+                values[f"ecc.errors.corrected.{scope}.{kind}"] = corrected
+            if uncorrected is not None:
+                values[f"ecc.errors.uncorrected.{scope}.{kind}"] = uncorrected
+    pages = gpu.retired_pages
     if pages is not None:
-        total = (pages.sbe_count or 0) + (pages.dbe_count or 0)
-        if total >= 62 and pages.pending_blacklist:
-            out.append(f"retired pages {total} with pending blacklist (table full)")
-    return sorted(set(out))
+        if pages.sbe_count is not None:
+            values["retired_pages.sbe"] = pages.sbe_count
+        if pages.dbe_count is not None:
+            values["retired_pages.dbe"] = pages.dbe_count
+    return values
+
+
+def _ecc_faults(gpu: XmlGpu, rules: knowledge.EccRules) -> list[str]:
+    values = ecc_counters(gpu)
+    pending = bool(gpu.retired_pages and gpu.retired_pages.pending_blacklist)
+    return [
+        name.replace("_", " ")
+        for name, r in rules.rules()
+        if r.severity == "fault" and r.trips(values, pending_blacklist=pending)
+    ]
 
 
 @rule(Incident.DRIVER_NOT_LOADED)
@@ -252,13 +303,21 @@ def driver_not_loaded(facts: Facts) -> Match | None:
     host = sig_match(facts, Incident.DRIVER_NOT_LOADED, origins=("host", "kernel", "trigger"))
     if facts.smi is not None and facts.smi.status == "driver-not-loaded":
         lines = [facts.smi.status_line] if facts.smi.status_line else []
-        return _boost(host, Incident.DRIVER_NOT_LOADED, 0.95, lines,
-                      "the host's nvidia-smi cannot talk to the driver")
+        return _boost(
+            host,
+            Incident.DRIVER_NOT_LOADED,
+            0.95,
+            lines,
+            "the host's nvidia-smi cannot talk to the driver",
+        )
     inside = sig_match(facts, Incident.DRIVER_NOT_LOADED, origins=("container",))
     if inside is not None:
         # Seen only inside a container: the driver is down only if the container had GPUs.
-        gpu_less = [c for c in facts.containers.values()
-                    if c.inspect is not None and not c.inspect.has_gpu_access]
+        gpu_less = [
+            c
+            for c in facts.containers.values()
+            if c.inspect is not None and not c.inspect.has_gpu_access
+        ]
         if gpu_less or host_has_gpus(facts):
             inside = None
     if host is None and inside is None:
@@ -273,13 +332,23 @@ def driver_library_mismatch(facts: Facts) -> Match | None:
     match = sig_match(facts, Incident.DRIVER_LIBRARY_MISMATCH)
     if facts.smi is not None and facts.smi.status == "library-mismatch":
         lines = [facts.smi.status_line] if facts.smi.status_line else []
-        return _boost(match, Incident.DRIVER_LIBRARY_MISMATCH, 0.97, lines,
-                      "NVML reports a driver/library version mismatch")
+        return _boost(
+            match,
+            Incident.DRIVER_LIBRARY_MISMATCH,
+            0.97,
+            lines,
+            "NVML reports a driver/library version mismatch",
+        )
     if facts.kernel is not None:
         lines = [n.line for n in facts.kernel.nvrm if n.api_mismatch]
         if lines:
-            return _boost(match, Incident.DRIVER_LIBRARY_MISMATCH, 0.95, lines,
-                          "the kernel module and user-space driver differ (NVRM: API mismatch)")
+            return _boost(
+                match,
+                Incident.DRIVER_LIBRARY_MISMATCH,
+                0.95,
+                lines,
+                "the kernel module and user-space driver differ (NVRM: API mismatch)",
+            )
     return match
 
 
@@ -287,22 +356,32 @@ def driver_library_mismatch(facts: Facts) -> Match | None:
 def driver_too_old(facts: Facts) -> Match | None:
     match = sig_match(facts, Incident.DRIVER_TOO_OLD)
     driver = (facts.smi.driver_version if facts.smi else None) or (
-        facts.smi_xml.driver_version if facts.smi_xml else None)
+        facts.smi_xml.driver_version if facts.smi_xml else None
+    )
     if driver is None:
         return match
     for c in facts.containers.values():
         wanted = (c.torch.cuda if c.torch and c.torch.cuda else None) or (
-            c.inspect.image_cuda if c.inspect else None)
+            c.inspect.image_cuda if c.inspect else None
+        )
         if not wanted:
             continue
         ok = knowledge.driver_satisfies(driver, wanted)
         if ok is False:
-            line = facts.smi.status_line if facts.smi and facts.smi.status_line else Line(
-                source="nvidia-smi.txt", line=0, text=f"Driver Version: {driver}")
+            line = (
+                facts.smi.status_line
+                if facts.smi and facts.smi.status_line
+                else Line(source="nvidia-smi.txt", line=0, text=f"Driver Version: {driver}")
+            )
             image = c.inspect.image if c.inspect else c.name
-            return _boost(match, Incident.DRIVER_TOO_OLD, 0.85, [line],
-                          f"image {image} needs CUDA {wanted}; driver {driver} supports at most "
-                          f"CUDA {knowledge.max_cuda_for_driver(driver) or '?'}")
+            return _boost(
+                match,
+                Incident.DRIVER_TOO_OLD,
+                0.85,
+                [line],
+                f"image {image} needs CUDA {wanted}; driver {driver} supports at most "
+                f"CUDA {knowledge.max_cuda_for_driver(driver) or '?'}",
+            )
     return match
 
 
@@ -312,15 +391,25 @@ def container_toolkit_missing(facts: Facts) -> Match | None:
     if match is not None:
         return match
     if facts.toolkit_missing and host_has_gpus(facts):
-        gpu_wanting = [c for c in facts.containers.values()
-                       if c.inspect is not None and c.inspect.wants_gpu
-                       and not c.inspect.has_gpu_access]
+        gpu_wanting = [
+            c
+            for c in facts.containers.values()
+            if c.inspect is not None and c.inspect.wants_gpu and not c.inspect.has_gpu_access
+        ]
         if gpu_wanting:
-            return Match(incident=Incident.CONTAINER_TOOLKIT_MISSING, confidence=0.8,
-                         evidence=(Line(source="commands/container-toolkit.txt", line=1,
-                                        text=facts.toolkit or "nvidia-ctk / nvidia-container-cli: not found"),),
-                         reason="no NVIDIA Container Toolkit on a GPU host whose GPU container "
-                                "has no GPUs", rule="facts")
+            return Match(
+                incident=Incident.CONTAINER_TOOLKIT_MISSING,
+                confidence=0.8,
+                evidence=(
+                    Line(
+                        source="commands/container-toolkit.txt",
+                        line=1,
+                        text=facts.toolkit or "nvidia-ctk / nvidia-container-cli: not found",
+                    ),
+                ),
+                reason="no NVIDIA Container Toolkit on a GPU host whose GPU container has no GPUs",
+                rule="facts",
+            )
     return None
 
 
@@ -329,14 +418,23 @@ def host_oom_killed(facts: Facts) -> Match | None:
     match = sig_match(facts, Incident.HOST_OOM_KILLED)
     for c in facts.containers.values():
         if c.inspect is not None and c.inspect.oom_killed:
-            return _boost(match, Incident.HOST_OOM_KILLED, 0.97,
-                          [_inspect_line(c, "OOMKilled", '"OOMKilled": true')],
-                          f"Docker reports container {c.name} OOMKilled (exit {c.inspect.exit_code})")
+            return _boost(
+                match,
+                Incident.HOST_OOM_KILLED,
+                0.97,
+                [_inspect_line(c, "OOMKilled", '"OOMKilled": true')],
+                f"Docker reports container {c.name} OOMKilled (exit {c.inspect.exit_code})",
+            )
     if facts.kernel is not None and facts.kernel.oom_kills:
         kills = [k for k in facts.kernel.oom_kills if recent(facts, k.timestamp, k.uptime_s)]
         if kills:
-            return _boost(match, Incident.HOST_OOM_KILLED, 0.9, [k.line for k in kills],
-                          f"the kernel OOM killer killed {kills[-1].process_name or 'a process'}")
+            return _boost(
+                match,
+                Incident.HOST_OOM_KILLED,
+                0.9,
+                [k.line for k in kills],
+                f"the kernel OOM killer killed {kills[-1].process_name or 'a process'}",
+            )
     return match
 
 
@@ -345,9 +443,14 @@ def cpu_only_build(facts: Facts) -> Match | None:
     match = sig_match(facts, Incident.CPU_ONLY_BUILD)
     for c in facts.containers.values():
         if c.torch is not None and c.torch.present and c.torch.cpu_only and c.torch.line:
-            return _boost(match, Incident.CPU_ONLY_BUILD, 0.95, [c.torch.line],
-                          f"torch {c.torch.torch} in {c.name} has no CUDA (torch.version.cuda "
-                          f"= {c.torch.cuda})")
+            return _boost(
+                match,
+                Incident.CPU_ONLY_BUILD,
+                0.95,
+                [c.torch.line],
+                f"torch {c.torch.torch} in {c.name} has no CUDA (torch.version.cuda "
+                f"= {c.torch.cuda})",
+            )
     return match
 
 
@@ -360,8 +463,13 @@ def gpu_not_requested(facts: Facts) -> Match | None:
             continue
         if not (c.inspect.wants_gpu or symptoms is not None or inside_driver):
             continue
-        lines = [_inspect_line(c, "DeviceRequests",
-                               f'"DeviceRequests": null, "Runtime": "{c.inspect.runtime or "runc"}"')]
+        lines = [
+            _inspect_line(
+                c,
+                "DeviceRequests",
+                f'"DeviceRequests": null, "Runtime": "{c.inspect.runtime or "runc"}"',
+            )
+        ]
         confidence = 0.8
         if c.torch is not None and c.torch.is_available is False and c.torch.line:
             lines.append(c.torch.line)
@@ -371,8 +479,10 @@ def gpu_not_requested(facts: Facts) -> Match | None:
             confidence = 0.92
         if host_has_gpus(facts):
             confidence += 0.03
-        reason = f"container {c.name} wants GPUs (image {c.inspect.image}) but was started " \
-                 "without --gpus or the nvidia runtime"
+        reason = (
+            f"container {c.name} wants GPUs (image {c.inspect.image}) but was started "
+            "without --gpus or the nvidia runtime"
+        )
         return _boost(symptoms, Incident.GPU_NOT_REQUESTED, confidence, lines, reason)
     if symptoms is None:
         return None
@@ -390,12 +500,19 @@ def arch_unsupported(facts: Facts) -> Match | None:
             continue
         for dev in t.devices:
             cap = dev.get("capability", "").replace(".", "")
-            if cap and f"sm_{cap}" not in t.arch_list and not any(
-                a.startswith("compute_") and a[8:] <= cap for a in t.arch_list
+            if (
+                cap
+                and f"sm_{cap}" not in t.arch_list
+                and not any(a.startswith("compute_") and a[8:] <= cap for a in t.arch_list)
             ):
-                return _boost(match, Incident.ARCH_UNSUPPORTED, 0.85, [t.line] if t.line else [],
-                              f"{dev.get('name')} is sm_{cap}; torch {t.torch} has kernels for "
-                              f"{' '.join(t.arch_list)}")
+                return _boost(
+                    match,
+                    Incident.ARCH_UNSUPPORTED,
+                    0.85,
+                    [t.line] if t.line else [],
+                    f"{dev.get('name')} is sm_{cap}; torch {t.torch} has kernels for "
+                    f"{' '.join(t.arch_list)}",
+                )
     return match
 
 
@@ -423,11 +540,21 @@ def shm_too_small(facts: Facts) -> Match | None:
         lines = [_inspect_line(c, "ShmSize", f'"ShmSize": {size}')]
         if match is None:
             lines.extend(nospace)
-            return _boost(None, Incident.SHM_TOO_SMALL, 0.8, lines,
-                          f"'No space left on device' in a container whose /dev/shm is only "
-                          f"{size // 2**20} MiB")
-        return _boost(match, Incident.SHM_TOO_SMALL, 0.9, lines,
-                      f"/dev/shm of {c.name} is {size // 2**20} MiB")
+            return _boost(
+                None,
+                Incident.SHM_TOO_SMALL,
+                0.8,
+                lines,
+                f"'No space left on device' in a container whose /dev/shm is only "
+                f"{size // 2**20} MiB",
+            )
+        return _boost(
+            match,
+            Incident.SHM_TOO_SMALL,
+            0.9,
+            lines,
+            f"/dev/shm of {c.name} is {size // 2**20} MiB",
+        )
     return match
 
 
@@ -441,15 +568,25 @@ def memlock_limit(facts: Facts) -> Match | None:
         uses_rdma = hits(facts, ["ibv-reg-mr", "net-ib-cannot-allocate", "cuda-host-register"])
         if match is not None or uses_rdma or any(k.startswith("NCCL_IB") for k in c.env_probe):
             lines = [u.memlock_line] if u.memlock_line else []
-            return _boost(match, Incident.MEMLOCK_LIMIT, 0.8, lines,
-                          f"locked-memory limit in {c.name} is {u.memlock_kb} KiB")
+            return _boost(
+                match,
+                Incident.MEMLOCK_LIMIT,
+                0.8,
+                lines,
+                f"locked-memory limit in {c.name} is {u.memlock_kb} KiB",
+            )
     return match
 
 
 def _disk_really_full(facts: Facts) -> list[Line]:
-    return [fs.line for fs in facts.df
-            if (fs.use_percent or 0) >= 95 and fs.mount != "/dev/shm"
-            and not fs.mount.startswith(("/snap", "/boot/efi")) and not fs.source.startswith("/dev/loop")]
+    return [
+        fs.line
+        for fs in facts.df
+        if (fs.use_percent or 0) >= 95
+        and fs.mount != "/dev/shm"
+        and not fs.mount.startswith(("/snap", "/boot/efi"))
+        and not fs.source.startswith("/dev/loop")
+    ]
 
 
 @rule(Incident.DISK_FULL)
@@ -458,16 +595,26 @@ def disk_full(facts: Facts) -> Match | None:
     lines = [ln for ln in hits(facts, ["no-space-left"]) if (ln.source, ln.line) not in shm_lines]
     full = _disk_really_full(facts)
     if full:
-        return _boost(None, Incident.DISK_FULL, 0.9, [*full, *lines],
-                      "a filesystem is at least 95 % full")
+        return _boost(
+            None, Incident.DISK_FULL, 0.9, [*full, *lines], "a filesystem is at least 95 % full"
+        )
     if not lines:
         return None
     if any(_small_shm(c) for c in facts.containers.values()):
-        return Match(incident=Incident.DISK_FULL, confidence=0.6, evidence=tuple(lines[:8]),
-                     reason="'No space left on device' (the container's /dev/shm is small too)",
-                     rule="signatures")
-    return Match(incident=Incident.DISK_FULL, confidence=signature("no-space-left").weight,
-                 evidence=tuple(lines[:8]), reason="'No space left on device'", rule="signatures")
+        return Match(
+            incident=Incident.DISK_FULL,
+            confidence=0.6,
+            evidence=tuple(lines[:8]),
+            reason="'No space left on device' (the container's /dev/shm is small too)",
+            rule="signatures",
+        )
+    return Match(
+        incident=Incident.DISK_FULL,
+        confidence=signature("no-space-left").weight,
+        evidence=tuple(lines[:8]),
+        reason="'No space left on device'",
+        rule="signatures",
+    )
 
 
 @rule(Incident.VOLUME_PERMISSION_DENIED)
@@ -479,9 +626,13 @@ def volume_permission_denied(facts: Facts) -> Match | None:
 def ssh_access_denied(facts: Facts) -> Match | None:
     match = sig_match(facts, Incident.SSH_ACCESS_DENIED)
     if facts.ssh_error and "authentication failed" in facts.ssh_error:
-        return _boost(match, Incident.SSH_ACCESS_DENIED, 0.9,
-                      [Line(source="bundle.json", line=0, text=facts.ssh_error)],
-                      "cudamedic itself could not log in to the host")
+        return _boost(
+            match,
+            Incident.SSH_ACCESS_DENIED,
+            0.9,
+            [Line(source="bundle.json", line=0, text=facts.ssh_error)],
+            "cudamedic itself could not log in to the host",
+        )
     return match
 
 
@@ -497,8 +648,13 @@ def cuda_illegal_access(facts: Facts) -> Match | None:
         if app:
             # Timed and recent: likely this crash. Untimed: context unless the log agrees.
             timed = facts.incident_time is not None
-            return _boost(match, Incident.CUDA_ILLEGAL_ACCESS, 0.8 if timed else 0.6, app,
-                          "application-caused Xid (13/31/43) in the kernel log")
+            return _boost(
+                match,
+                Incident.CUDA_ILLEGAL_ACCESS,
+                0.8 if timed else 0.6,
+                app,
+                "application-caused Xid (13/31/43) in the kernel log",
+            )
     return match
 
 
@@ -511,21 +667,66 @@ def cuda_oom(facts: Facts) -> Match | None:
 def nccl_slow_transport(facts: Facts) -> Match | None:
     match = sig_match(facts, Incident.NCCL_SLOW_TRANSPORT)
     nccl = facts.nccl
-    if nccl is not None and nccl.avg_busbw is not None and nccl.gpu_models:
-        count = nccl.n_ranks or len(nccl.devices)
-        floor = knowledge.nccl_floor(nccl.gpu_models[0], count, None)
-        if floor is not None and not floor.passes(nccl.avg_busbw):
-            line = Line(source="nccl-tests.txt", line=0,
-                        text=f"# Avg bus bandwidth    : {nccl.avg_busbw}")
-            return _boost(match, Incident.NCCL_SLOW_TRANSPORT, 0.9, [line],
-                          f"all_reduce bus bandwidth {nccl.avg_busbw} GB/s is under the "
-                          f"{floor.min_busbw_gbps} GB/s floor for {count}x {nccl.gpu_models[0]}")
+    measured = None if nccl is None else (nccl.max_busbw or nccl.avg_busbw)
+    if nccl is not None and measured is not None:
+        # The run's own device lines, else the host's nvidia-smi (same node).
+        model = nccl.gpu_models[0] if nccl.gpu_models else _host_model(facts)
+        count = nccl.n_ranks or len(nccl.devices) or host_gpu_count(facts)
+        floor, basis = _floor(model, count)
+        if floor is not None and measured < floor:
+            line = _nccl_line(nccl, measured)
+            return _boost(
+                match,
+                Incident.NCCL_SLOW_TRANSPORT,
+                0.9,
+                [line],
+                f"all_reduce bus bandwidth {measured:g} GB/s is under {basis} "
+                f"({floor:g} GB/s) for {count}x {model}",
+            )
     for c in facts.containers.values():
         env = {**(c.inspect.env if c.inspect else {}), **c.env_probe}
         if env.get("NCCL_P2P_DISABLE") == "1" and match is not None:
-            return _boost(match, Incident.NCCL_SLOW_TRANSPORT, 0.8,
-                          [], f"NCCL_P2P_DISABLE=1 in {c.name}")
+            return _boost(
+                match, Incident.NCCL_SLOW_TRANSPORT, 0.8, [], f"NCCL_P2P_DISABLE=1 in {c.name}"
+            )
     return match
+
+
+def _host_model(facts: Facts) -> str | None:
+    if facts.smi is not None and facts.smi.gpus:
+        return facts.smi.gpus[0].name
+    if facts.smi_xml is not None and facts.smi_xml.gpus:
+        return facts.smi_xml.gpus[0].product_name
+    return None
+
+
+def _floor(model: str | None, count: int) -> tuple[float | None, str]:
+    """The published floor for this exact node (model, GPU count); else a conservative lower
+    bound: the lowest PCIe-only floor of the same GPU generation with no more GPUs. An NVLink
+    node of that generation that cannot reach even the PCIe node's floor is on a slow path."""
+    if not model or count < 2:
+        return None, ""
+    exact = knowledge.nccl_floor(model, count, None)
+    if exact is not None:
+        return exact.min_busbw_gbps, "the published floor"
+    key = knowledge.gpu_model_key(model)
+    if key is None:
+        return None, ""
+    family = key.split("-")[0]
+    bounds = [
+        f.min_busbw_gbps
+        for f in knowledge.nccl_floors()
+        if f.model.split("-")[0] == family and f.gpu_count <= count and "pcie" in f.interconnects
+    ]
+    return (min(bounds), "the PCIe-node floor of the same GPU generation") if bounds else (None, "")
+
+
+def _nccl_line(nccl: object, measured: float) -> Line:
+    rows = getattr(nccl, "rows", ())
+    for row in rows:
+        if measured in (row.oop_busbw, row.ip_busbw):
+            return row.line  # type: ignore[no-any-return]
+    return Line(source="nccl-tests.txt", line=0, text=f"busbw {measured:g} GB/s")
 
 
 @rule(Incident.NCCL_ERROR)

@@ -34,8 +34,9 @@ class ContainerProbe(Frozen):
 
 HOST_SOURCES: tuple[HostSource, ...] = (
     HostSource(name="nvidia-smi", path="nvidia-smi.txt", command="nvidia-smi"),
-    HostSource(name="nvidia-smi-xml", path="nvidia-smi.xml", command="nvidia-smi -q -x",
-               stdout_only=True),
+    HostSource(
+        name="nvidia-smi-xml", path="nvidia-smi.xml", command="nvidia-smi -q -x", stdout_only=True
+    ),
     HostSource(name="nvidia-smi-list", path="commands/nvidia-smi-L.txt", command="nvidia-smi -L"),
     HostSource(
         name="kernel-log",
@@ -46,8 +47,12 @@ HOST_SOURCES: tuple[HostSource, ...] = (
     ),
     HostSource(name="df", path="commands/df.txt", command="df -h"),
     HostSource(name="uname", path="commands/uname.txt", command="uname -a"),
-    HostSource(name="lsmod-nvidia", path="commands/lsmod-nvidia.txt",
-               command="lsmod | grep -i nvidia", ok_exit_codes=(0, 1)),
+    HostSource(
+        name="lsmod-nvidia",
+        path="commands/lsmod-nvidia.txt",
+        command="lsmod | grep -i nvidia",
+        ok_exit_codes=(0, 1),
+    ),
     HostSource(
         name="container-toolkit",
         path="commands/container-toolkit.txt",
@@ -93,9 +98,12 @@ CONTAINER_PROBES: tuple[ContainerProbe, ...] = (
     ContainerProbe(name="shm", argv=("df", "-h", "/dev/shm")),
     ContainerProbe(
         name="env",
-        argv=("sh", "-c",
-              "env | grep -E '^(CUDA|NCCL|NVIDIA|TORCH|PYTORCH|LD_LIBRARY_PATH|OMP_NUM|"
-              "WORLD_SIZE|RANK|LOCAL_RANK|MASTER_)' | sort"),
+        argv=(
+            "sh",
+            "-c",
+            "env | grep -E '^(CUDA|NCCL|NVIDIA|TORCH|PYTORCH|LD_LIBRARY_PATH|OMP_NUM|"
+            "WORLD_SIZE|RANK|LOCAL_RANK|MASTER_)' | sort",
+        ),
     ),
     ContainerProbe(name="nvidia-smi-L", argv=("nvidia-smi", "-L")),
 )

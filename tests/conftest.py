@@ -65,12 +65,14 @@ def make_container(gpu_engine: docker.DockerClient) -> Iterator[object]:
     """Create (and clean up) containers on the lab's GPU engine from the lab image."""
     made: list[tuple[docker.DockerClient, str]] = []
 
-    def make(name: str, command: str, engine: docker.DockerClient | None = None,
-             **kwargs: object) -> docker.models.containers.Container:
+    def make(
+        name: str, command: str, engine: docker.DockerClient | None = None, **kwargs: object
+    ) -> docker.models.containers.Container:
         client = engine or gpu_engine
         kwargs.setdefault("network_mode", "none")
-        container = client.containers.run(IMAGE, ["sh", "-c", command], name=name, detach=True,
-                                          **kwargs)
+        container = client.containers.run(
+            IMAGE, ["sh", "-c", command], name=name, detach=True, **kwargs
+        )
         made.append((client, name))
         return container
 

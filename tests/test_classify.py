@@ -23,8 +23,9 @@ TAXONOMY = Path(__file__).resolve().parents[2] / "shared" / "spec" / "taxonomy.m
 
 
 def cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "runbooks.cli", *args], capture_output=True,
-                          text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "runbooks.cli", *args], capture_output=True, text=True, timeout=120
+    )
 
 
 # -- conformance -------------------------------------------------------------------------------
@@ -54,8 +55,9 @@ def test_signatures_are_valid_posix_ere(tmp_path: Path) -> None:
     for sig in signatures():
         sample = tmp_path / "sample.txt"
         sample.write_text(sig.example + "\n")
-        proc = subprocess.run(["grep", "-E", "-c", "-e", sig.pattern, str(sample)],
-                              capture_output=True, text=True)
+        proc = subprocess.run(
+            ["grep", "-E", "-c", "-e", sig.pattern, str(sample)], capture_output=True, text=True
+        )
         assert proc.returncode == 0 and proc.stdout.strip() == "1", (sig.id, proc.stderr)
     assert len(list(ere_patterns())) > 30
 
@@ -63,7 +65,10 @@ def test_signatures_are_valid_posix_ere(tmp_path: Path) -> None:
 def test_scanner_counts_lines_across_chunk_boundaries() -> None:
     import io
 
-    text = "".join(f"noise line {i}\n" for i in range(5000)) + "RuntimeError: CUDA error: invalid device ordinal\n"
+    text = (
+        "".join(f"noise line {i}\n" for i in range(5000))
+        + "RuntimeError: CUDA error: invalid device ordinal\n"
+    )
     result = scan_stream(io.BytesIO(text.encode()), "containers/x.log", chunk_size=4096)
     hit = result.hits["invalid-device-ordinal"].first[0]
     assert hit.line == 5001 and hit.text.startswith("RuntimeError")
@@ -106,14 +111,26 @@ def test_shm_fix_is_exact_docker_run_change() -> None:
 
 def test_predicted_driver_too_old_before_any_crash(tmp_path: Path) -> None:
     smi = (Path(__file__).parent / "fixtures/nvidia-smi/a100-sxm4-40gb-8gpu-r450.txt").read_text()
-    inspect = {"Name": "/train", "Config": {"Image": "pytorch/pytorch:2.3.0-cuda12.1-cudnn8-runtime",
-                                            "Env": ["CUDA_VERSION=12.1.0"]},
-               "HostConfig": {"DeviceRequests": [{"Driver": "", "Count": -1,
-                                                  "Capabilities": [["gpu"]]}],
-                              "ShmSize": 8589934592}, "State": {"Running": True}}
-    bundle = write_bundle(tmp_path, {"nvidia-smi.txt": smi,
-                                     "containers/train.inspect.json": json.dumps(inspect),
-                                     "containers/train.log": "epoch 1 step 1 loss 2.3\n"})
+    inspect = {
+        "Name": "/train",
+        "Config": {
+            "Image": "pytorch/pytorch:2.3.0-cuda12.1-cudnn8-runtime",
+            "Env": ["CUDA_VERSION=12.1.0"],
+        },
+        "HostConfig": {
+            "DeviceRequests": [{"Driver": "", "Count": -1, "Capabilities": [["gpu"]]}],
+            "ShmSize": 8589934592,
+        },
+        "State": {"Running": True},
+    }
+    bundle = write_bundle(
+        tmp_path,
+        {
+            "nvidia-smi.txt": smi,
+            "containers/train.inspect.json": json.dumps(inspect),
+            "containers/train.log": "epoch 1 step 1 loss 2.3\n",
+        },
+    )
     d = classify_path(bundle)
     assert d.incident == "driver-too-old", d
     assert "12.1" in d.summary
@@ -134,7 +151,9 @@ def test_cli_classify_tar_and_single_log(tmp_path: Path) -> None:
     tar = tmp_path / "b.tar.gz"
     with tarfile.open(tar, "w:gz") as t:
         t.add(case, arcname="bundle")
-    assert json.loads(cli("classify", str(tar), "--json").stdout)["incident"] == "gpu-hardware-fault"
+    assert (
+        json.loads(cli("classify", str(tar), "--json").stdout)["incident"] == "gpu-hardware-fault"
+    )
     log = tmp_path / "train.log"
     log.write_text("step 1\nRuntimeError: CUDA error: invalid device ordinal\n")
     out = cli("classify", str(log))
@@ -147,7 +166,9 @@ def test_cli_classify_healthy_and_unknown_exit_zero(tmp_path: Path) -> None:
     log.write_text("epoch 1 loss 2.0\nepoch 2 loss 1.5\n")
     assert cli("classify", str(log)).returncode == 0
     bad = tmp_path / "bad.log"
-    bad.write_text("Traceback (most recent call last):\n  File \"x.py\", line 1\nKeyError: 'label'\n")
+    bad.write_text(
+        "Traceback (most recent call last):\n  File \"x.py\", line 1\nKeyError: 'label'\n"
+    )
     proc = cli("classify", str(bad), "--json")
     assert proc.returncode == 0 and json.loads(proc.stdout)["incident"] == "unknown"
 
@@ -173,9 +194,18 @@ HOSTILE = {
 @pytest.mark.parametrize("name", sorted(HOSTILE))
 def test_hostile_bundle_files_never_crash(tmp_path: Path, name: str) -> None:
     data = HOSTILE[name]
-    for rel in ("containers/c.log", "dmesg.txt", "nvidia-smi.txt", "nvidia-smi.xml",
-                "containers/c.inspect.json", "docker-info.json", "nccl-tests.txt",
-                "commands/df.txt", "containers/c.exec-torch.txt", "bundle.json"):
+    for rel in (
+        "containers/c.log",
+        "dmesg.txt",
+        "nvidia-smi.txt",
+        "nvidia-smi.xml",
+        "containers/c.inspect.json",
+        "docker-info.json",
+        "nccl-tests.txt",
+        "commands/df.txt",
+        "containers/c.exec-torch.txt",
+        "bundle.json",
+    ):
         (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / rel).write_bytes(data)
     proc = cli("classify", str(tmp_path), "--json")
@@ -184,10 +214,22 @@ def test_hostile_bundle_files_never_crash(tmp_path: Path, name: str) -> None:
     assert json.loads(proc.stdout)["incident"]
 
 
-@pytest.mark.parametrize("inspect", ["[]", "{}", "[1, 2]", "null", '{"HostConfig": []}',
-                                     '{"Config": {"Env": [1, null]}}', "[{" * 10000])
+@pytest.mark.parametrize(
+    "inspect",
+    [
+        "[]",
+        "{}",
+        "[1, 2]",
+        "null",
+        '{"HostConfig": []}',
+        '{"Config": {"Env": [1, null]}}',
+        "[{" * 10000,
+    ],
+)
 def test_odd_inspect_json_is_a_finding(tmp_path: Path, inspect: str) -> None:
-    write_bundle(tmp_path, {"containers/c.inspect.json": inspect, "containers/c.log": "Bus error\n"})
+    write_bundle(
+        tmp_path, {"containers/c.inspect.json": inspect, "containers/c.log": "Bus error\n"}
+    )
     d = classify_path(tmp_path)
     assert d.incident in {i.value for i in Incident}
 
@@ -208,10 +250,23 @@ def test_scanner_never_raises(text: str) -> None:
 
 
 @settings(max_examples=40, deadline=None)
-@given(st.dictionaries(st.sampled_from(["containers/c.log", "dmesg.txt", "nvidia-smi.txt",
-                                        "containers/c.inspect.json", "nccl-tests.txt",
-                                        "docker-info.json", "trigger.txt"]),
-                       st.text(max_size=500), max_size=5))
+@given(
+    st.dictionaries(
+        st.sampled_from(
+            [
+                "containers/c.log",
+                "dmesg.txt",
+                "nvidia-smi.txt",
+                "containers/c.inspect.json",
+                "nccl-tests.txt",
+                "docker-info.json",
+                "trigger.txt",
+            ]
+        ),
+        st.text(max_size=500),
+        max_size=5,
+    )
+)
 def test_classify_never_raises_on_any_bundle(files: dict[str, str]) -> None:
     import tempfile
 

@@ -81,9 +81,7 @@ _ISO = re.compile(
     r"^(?P<iso>\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}:\d{2}(?:[.,]\d+)?(?:Z|[+-]\d{2}:?\d{2})?)"
     r"\s+\S+\s+kernel:\s?"
 )
-_SYSLOG = re.compile(
-    r"^(?P<when>[A-Z][a-z]{2}\s+\d{1,2}\s+\d{2}:\d{2}:\d{2})\s+\S+\s+kernel:\s?"
-)
+_SYSLOG = re.compile(r"^(?P<when>[A-Z][a-z]{2}\s+\d{1,2}\s+\d{2}:\d{2}:\d{2})\s+\S+\s+kernel:\s?")
 _KERNEL = re.compile(r"^kernel:\s?")
 _CTIME = re.compile(
     r"^\[(?P<when>[A-Z][a-z]{2} [A-Z][a-z]{2} [ \d]?\d \d{2}:\d{2}:\d{2} \d{4})\]\s?"
@@ -287,8 +285,8 @@ def parse_kernel_log(text: str, source: str = "dmesg.txt") -> KernelLogFacts:
                     task_memcg=fields.get("task_memcg"),
                     line=cited,
                     timestamp=stamp.timestamp,
-                time_text=stamp.time_text,
-                uptime_s=stamp.uptime_s,
+                    time_text=stamp.time_text,
+                    uptime_s=stamp.uptime_s,
                 )
             )
             continue

@@ -18,7 +18,9 @@ from typing import Any
 from runbooks.model import Finding, Frozen
 
 _CUDA_TAG = re.compile(r"(?i)cuda[-_]?(\d+)\.(\d+)|cu(\d{2,3})\b")
-_GPU_IMAGE = re.compile(r"(?i)cuda|pytorch|torch|nvcr\.io|nvidia|tensorflow.*gpu|-gpu\b|vllm|triton")
+_GPU_IMAGE = re.compile(
+    r"(?i)(?<![a-z])(cuda|torch|nvidia|vllm|triton)(?![a-z])|pytorch|nvcr\.io|tensorflow.*gpu|-gpu\b"
+)
 
 
 class GpuRequest(Frozen):
@@ -106,20 +108,48 @@ def parse_inspect(text: str, source: str = "containers/inspect.json") -> Inspect
     try:
         data: Any = json.loads(text)
     except (ValueError, RecursionError) as exc:
-        return InspectFacts(findings=(Finding(code="inspect-invalid-json", source=source,
-                                              severity="warning", message=f"not JSON: {exc}"),))
+        return InspectFacts(
+            findings=(
+                Finding(
+                    code="inspect-invalid-json",
+                    source=source,
+                    severity="warning",
+                    message=f"not JSON: {exc}",
+                ),
+            )
+        )
     if isinstance(data, list):
         if not data:
-            return InspectFacts(findings=(Finding(code="inspect-empty", source=source,
-                                                  severity="warning", message="empty list"),))
+            return InspectFacts(
+                findings=(
+                    Finding(
+                        code="inspect-empty",
+                        source=source,
+                        severity="warning",
+                        message="empty list",
+                    ),
+                )
+            )
         if len(data) > 1:
-            findings.append(Finding(code="inspect-many", source=source,
-                                    message=f"{len(data)} objects; used the first"))
+            findings.append(
+                Finding(
+                    code="inspect-many",
+                    source=source,
+                    message=f"{len(data)} objects; used the first",
+                )
+            )
         data = data[0]
     if not isinstance(data, dict) or not data:
-        return InspectFacts(findings=(Finding(code="inspect-empty", source=source,
-                                              severity="warning",
-                                              message="not a container object"),))
+        return InspectFacts(
+            findings=(
+                Finding(
+                    code="inspect-empty",
+                    source=source,
+                    severity="warning",
+                    message="not a container object",
+                ),
+            )
+        )
     return _facts(data, source, findings)
 
 
@@ -141,19 +171,29 @@ def _facts(data: dict[str, Any], source: str, findings: list[Finding]) -> Inspec
     for req in host.get("DeviceRequests") or []:
         if not isinstance(req, dict):
             continue
-        caps = tuple(tuple(str(c) for c in group) for group in req.get("Capabilities") or []
-                     if isinstance(group, list))
-        requests.append(GpuRequest(
-            driver=str(req.get("Driver") or ""),
-            count=_int(req.get("Count")) or 0,
-            device_ids=tuple(str(d) for d in req.get("DeviceIDs") or []),
-            capabilities=caps,
-        ))
+        caps = tuple(
+            tuple(str(c) for c in group)
+            for group in req.get("Capabilities") or []
+            if isinstance(group, list)
+        )
+        requests.append(
+            GpuRequest(
+                driver=str(req.get("Driver") or ""),
+                count=_int(req.get("Count")) or 0,
+                device_ids=tuple(str(d) for d in req.get("DeviceIDs") or []),
+                capabilities=caps,
+            )
+        )
     ulimits = []
     for u in host.get("Ulimits") or []:
         if isinstance(u, dict) and u.get("Name"):
-            ulimits.append(Ulimit(name=str(u["Name"]), soft=_int(u.get("Soft")) or 0,
-                                  hard=_int(u.get("Hard")) or 0))
+            ulimits.append(
+                Ulimit(
+                    name=str(u["Name"]),
+                    soft=_int(u.get("Soft")) or 0,
+                    hard=_int(u.get("Hard")) or 0,
+                )
+            )
     devices = tuple(
         str(d.get("PathOnHost", "")) for d in host.get("Devices") or [] if isinstance(d, dict)
     )
@@ -177,8 +217,13 @@ def _facts(data: dict[str, Any], source: str, findings: list[Finding]) -> Inspec
         privileged=bool(host.get("Privileged")),
         binds=tuple(str(b) for b in host.get("Binds") or []),
         mounts=tuple(
-            {k: str(v) for k, v in m.items() if k in ("Type", "Source", "Destination", "Name", "RW")}
-            for m in data.get("Mounts") or [] if isinstance(m, dict)
+            {
+                k: str(v)
+                for k, v in m.items()
+                if k in ("Type", "Source", "Destination", "Name", "RW")
+            }
+            for m in data.get("Mounts") or []
+            if isinstance(m, dict)
         ),
         user=str(config.get("User") or ""),
         status=str(state.get("Status") or ""),

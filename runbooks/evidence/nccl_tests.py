@@ -106,12 +106,12 @@ def _float(token: str | None) -> float | None:
     return float(token) if token is not None and _FLOAT.match(token) else None
 
 
-def _wrong_or_error(token: str | None, error_column: bool) -> tuple[int | None, float | None]:
-    if token is None or token == "N/A":
+def _wrong_or_error(cell: str | None, error_column: bool) -> tuple[int | None, float | None]:
+    if cell is None or cell == "N/A":
         return None, None
-    if not error_column and _INT.match(token):
-        return int(token), None
-    return None, _float(token)
+    if not error_column and _INT.match(cell):
+        return int(cell), None
+    return None, _float(cell)
 
 
 def _row(
@@ -127,7 +127,9 @@ def _row(
         redop, rest = rest[0], rest[1:]
     root: int | None = None
     if has_root is None:  # no column header seen: root is the int before a time with a dot
-        has_root = bool(rest) and (rest[0] == "-1" or (len(rest) >= 9 and bool(_INT.match(rest[0]))))
+        has_root = bool(rest) and (
+            rest[0] == "-1" or (len(rest) >= 9 and bool(_INT.match(rest[0])))
+        )
     if has_root and rest and _INT.match(rest[0]):
         root, rest = int(rest[0]), rest[1:]
     if not rest or not all(_FLOAT.match(t) or t == "N/A" for t in rest):
@@ -160,7 +162,9 @@ def parse_nccl_tests(text: str, source: str = "nccl-tests.txt") -> NcclTestFacts
     if not text.strip():
         return NcclTestFacts(
             source=source,
-            findings=(Finding(code="nccl-empty", message="empty nccl-tests output", source=source),),
+            findings=(
+                Finding(code="nccl-empty", message="empty nccl-tests output", source=source),
+            ),
         )
     findings: list[Finding] = []
     if looks_binary(text):
@@ -257,9 +261,7 @@ def parse_nccl_tests(text: str, source: str = "nccl-tests.txt") -> NcclTestFacts
     busbws = [b for r in rows for b in (r.oop_busbw, r.ip_busbw) if b is not None]
     wrong_total = sum(w for r in rows for w in (r.oop_wrong, r.ip_wrong) if w is not None)
     if not rows:
-        findings.append(
-            Finding(code="nccl-no-rows", message="no result rows found", source=source)
-        )
+        findings.append(Finding(code="nccl-no-rows", message="no result rows found", source=source))
     if wrong_total:
         findings.append(
             Finding(

@@ -26,7 +26,7 @@ Bus ids are normalised to the lower-case ``dddd:bb:dd.f`` form (NVML prints
 from __future__ import annotations
 
 import re
-import xml.etree.ElementTree as ET  # noqa: S405 - size-capped, DOCTYPE/ENTITY rejected first
+import xml.etree.ElementTree as ET  # size-capped; DOCTYPE internal subsets/ENTITY refused
 from typing import Literal
 
 from runbooks.model import Finding, Frozen, Line
@@ -292,10 +292,13 @@ class _GpuDraft:
         self.fields: dict[str, object] = {"index": index, "name": name, "line": line}
         self.errs: list[str] = []
         self.rows = 1
+        self.current_line = line.line
+        self.err_line: int | None = None
 
     def put(self, key: str, raw: str | None, parsed: object) -> None:
         if _is_err(raw):
             self.errs.append(key)
+            self.err_line = self.err_line or self.current_line
             return
         self.fields[key] = parsed
 
@@ -304,9 +307,7 @@ class _GpuDraft:
 
 
 def _first_row(draft: _GpuDraft, head: re.Match[str], cells: list[str]) -> None:
-    name = head["name"].strip()
-    if _is_err(name):
-        draft.errs.append("name")
+    draft.put("name", head["name"].strip(), head["name"].strip())
     draft.put("persistence_mode", head["pm"], head["pm"])
     bus_cell = cells[1].split()
     draft.fields["bus_id"] = normalize_bus_id(cells[1])
@@ -373,9 +374,22 @@ def parse_nvidia_smi(text: str, source: str = "nvidia-smi.txt") -> SmiFacts:
 
     def flush() -> None:
         nonlocal draft
-        if draft is not None:
-            gpus.append(draft.build())
-            draft = None
+        if draft is None:
+            return
+        gpu = draft.build()
+        gpus.append(gpu)
+        if gpu.err_fields:
+            findings.append(
+                Finding(
+                    code="smi-err-field",
+                    message=f"GPU {gpu.index} ({gpu.bus_id}) shows ERR! in: "
+                    + ", ".join(gpu.err_fields),
+                    source=source,
+                    line=draft.err_line,
+                    severity="warning",
+                )
+            )
+        draft = None
 
     for number, line in enumerate(lines, 1):
         if len(line) > MAX_SCAN_CHARS:
@@ -444,25 +458,14 @@ def parse_nvidia_smi(text: str, source: str = "nvidia-smi.txt") -> SmiFacts:
                 )
             )
         elif draft is not None and draft.rows == 1:
+            draft.current_line = number
             _second_row(draft, cells)
             draft.rows = 2
         elif draft is not None and draft.rows == 2 and not cells[0] and not cells[1]:
+            draft.current_line = number
             draft.put("mig_mode", cells[2], _value(cells[2]))
             draft.rows = 3
     flush()
-
-    for gpu in gpus:
-        if gpu.err_fields:
-            findings.append(
-                Finding(
-                    code="smi-err-field",
-                    message=f"GPU {gpu.index} ({gpu.bus_id}) shows ERR! in: "
-                    + ", ".join(gpu.err_fields),
-                    source=source,
-                    line=gpu.line.line if gpu.line else None,
-                    severity="warning",
-                )
-            )
 
     reported = _status_of(lines, source)
     status: SmiStatus

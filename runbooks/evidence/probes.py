@@ -50,7 +50,8 @@ def parse_torch_probe(text: str, source: str = "containers/exec-torch.txt") -> T
         if not isinstance(data, dict):
             continue
         devices = tuple(
-            {str(k): str(v) for k, v in d.items()} for d in data.get("devices") or []
+            {str(k): str(v) for k, v in d.items()}
+            for d in data.get("devices") or []
             if isinstance(d, dict)
         )
         count = data.get("device_count")
@@ -59,7 +60,8 @@ def parse_torch_probe(text: str, source: str = "containers/exec-torch.txt") -> T
             python=_str(data.get("python")),
             torch=_str(data.get("torch")),
             cuda=_str(data.get("cuda")),
-            is_available=data.get("is_available") if isinstance(data.get("is_available"), bool)
+            is_available=data.get("is_available")
+            if isinstance(data.get("is_available"), bool)
             else None,
             device_count=count if isinstance(count, int) else None,
             devices=devices,
@@ -75,7 +77,9 @@ def _str(value: Any) -> str | None:
     return None if value is None else str(value)
 
 
-_ULIMIT_L = re.compile(r"(?i)(max locked memory|locked memory|memlock).*?(-l\)?)?\s+(unlimited|\d+)\s*$")
+_ULIMIT_L = re.compile(
+    r"(?i)(max locked memory|locked memory|memlock).*?(-l\)?)?\s+(unlimited|\d+)\s*$"
+)
 _ULIMIT_S = re.compile(r"(?i)(stack size|stack).*?\s+(unlimited|\d+)\s*$")
 
 
@@ -138,9 +142,16 @@ def parse_df(text: str, source: str = "commands/df.txt") -> tuple[Filesystem, ..
             pct = int(parts[4].rstrip("%"))
         except ValueError:
             pct = None
-        out.append(Filesystem(source=parts[0], size=parse_size(parts[1]), used=parse_size(parts[2]),
-                              use_percent=pct, mount=" ".join(parts[5:]),
-                              line=Line(source=source, line=number, text=raw.strip())))
+        out.append(
+            Filesystem(
+                source=parts[0],
+                size=parse_size(parts[1]),
+                used=parse_size(parts[2]),
+                use_percent=pct,
+                mount=" ".join(parts[5:]),
+                line=Line(source=source, line=number, text=raw.strip()),
+            )
+        )
     return tuple(out)
 
 
@@ -160,11 +171,24 @@ def parse_docker_info(text: str, source: str = "docker-info.json") -> DockerInfo
     try:
         data: Any = json.loads(text)
     except (ValueError, RecursionError) as exc:
-        return DockerInfo(findings=(Finding(code="docker-info-invalid", source=source,
-                                            severity="warning", message=str(exc)),))
+        return DockerInfo(
+            findings=(
+                Finding(
+                    code="docker-info-invalid", source=source, severity="warning", message=str(exc)
+                ),
+            )
+        )
     if not isinstance(data, dict):
-        return DockerInfo(findings=(Finding(code="docker-info-invalid", source=source,
-                                            severity="warning", message="not an object"),))
+        return DockerInfo(
+            findings=(
+                Finding(
+                    code="docker-info-invalid",
+                    source=source,
+                    severity="warning",
+                    message="not an object",
+                ),
+            )
+        )
     runtimes = data.get("Runtimes")
     return DockerInfo(
         runtimes=tuple(sorted(runtimes)) if isinstance(runtimes, dict) else (),
@@ -175,8 +199,10 @@ def parse_docker_info(text: str, source: str = "docker-info.json") -> DockerInfo
 
 
 _TB_START = "Traceback (most recent call last):"
-_EXC_LINE = re.compile(r"^([A-Za-z_][\w.]*(Error|Exception|Interrupt|Exit|Warning)|AssertionError|"
-                       r"KeyError|StopIteration)(:.*)?$")
+_EXC_LINE = re.compile(
+    r"^([A-Za-z_][\w.]*(Error|Exception|Interrupt|Exit|Warning)|AssertionError|"
+    r"KeyError|StopIteration)(:.*)?$"
+)
 
 
 _ERROR_LINE = re.compile(r"^(?:\[[^\]]*\]\s*:?\s*)?([A-Za-z_][\w.]*(?:Error|Exception)):\s")

@@ -61,11 +61,11 @@ class _DialAdapter(SSHHTTPAdapter):  # type: ignore[misc]
 
     def get_connection(self, url: Any, proxies: Any = None) -> _DialPool:
         with self.pools.lock:
-            pool = self.pools.get(url)
+            pool: _DialPool | None = self.pools.get(url)
             if pool is None:
                 pool = _DialPool(self._runner.transport, self._timeout, self._command)
                 self.pools[url] = pool
-            return pool  # type: ignore[no-any-return]
+            return pool
 
     def close(self) -> None:
         self.pools.clear()
@@ -97,7 +97,9 @@ class DockerEngine:
 
     @classmethod
     def over_ssh(cls, runner: SshRunner, docker_host: str | None, timeout: float) -> DockerEngine:
-        api = docker.APIClient(base_url="unix:///nonexistent", version=_API_VERSION, timeout=timeout)
+        api = docker.APIClient(
+            base_url="unix:///nonexistent", version=_API_VERSION, timeout=timeout
+        )
         adapter = _DialAdapter(runner, timeout, docker_host)
         api.mount("http+docker://ssh", adapter)
         api.base_url = "http+docker://ssh"
@@ -125,7 +127,9 @@ class DockerEngine:
         except docker.errors.APIError as exc:
             raise EngineError(f"{self.where}: {what}: {_explain(exc)}") from None
         except (requests.exceptions.ConnectionError, urllib3.exceptions.HTTPError) as exc:
-            raise HostUnreachable(f"{self.where}: Docker engine unreachable ({what}): {exc}") from None
+            raise HostUnreachable(
+                f"{self.where}: Docker engine unreachable ({what}): {exc}"
+            ) from None
         except (requests.exceptions.Timeout, TimeoutError) as exc:
             raise EngineError(f"{self.where}: Docker engine timed out ({what}): {exc}") from None
         except (docker.errors.DockerException, requests.exceptions.RequestException) as exc:
@@ -134,13 +138,13 @@ class DockerEngine:
             raise HostUnreachable(f"{self.where}: Docker over SSH failed ({what}): {exc}") from None
 
     def info(self) -> dict[str, Any]:
-        return self._call("info", self.api.info)  # type: ignore[no-any-return]
+        return self._call("info", self.api.info)
 
     def containers(self, all_: bool = False) -> list[dict[str, Any]]:
-        return self._call("list containers", lambda: self.api.containers(all=all_))  # type: ignore[no-any-return]
+        return self._call("list containers", lambda: self.api.containers(all=all_))
 
     def inspect(self, name: str) -> dict[str, Any]:
-        return self._call(f"inspect {name}", lambda: self.api.inspect_container(name))  # type: ignore[no-any-return]
+        return self._call(f"inspect {name}", lambda: self.api.inspect_container(name))
 
     def logs_tail(self, name: str, lines: int, max_bytes: int) -> tuple[bytes, bool, int]:
         """The last `lines` lines of stdout+stderr, at most `max_bytes` (newest kept)."""

@@ -12,7 +12,6 @@ from __future__ import annotations
 import logging
 import select
 import shlex
-import socket
 import time
 from pathlib import Path
 from typing import Any
@@ -34,9 +33,13 @@ class _AcceptOnce(paramiko.MissingHostKeyPolicy):
     def __init__(self) -> None:
         self.accepted: str | None = None
 
-    def missing_host_key(self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey) -> None:
+    def missing_host_key(
+        self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey
+    ) -> None:
         self.accepted = f"{key.get_name()} {key.fingerprint}"
-        log.warning("accepting unknown host key for %s (%s) by inventory opt-in", hostname, self.accepted)
+        log.warning(
+            "accepting unknown host key for %s (%s) by inventory opt-in", hostname, self.accepted
+        )
 
 
 def _ssh_config(settings: Settings, address: str) -> dict[str, Any]:
@@ -108,14 +111,17 @@ class SshRunner:
         if jump_spec:
             if jump_host is None:
                 juser, jaddr, jport = _parse_jump(str(jump_spec))
-                jump_host = Host(name=jaddr.replace(":", "_") or "jump", address=jaddr, port=jport,
-                                 user=juser)
+                jump_host = Host(
+                    name=jaddr.replace(":", "_") or "jump", address=jaddr, port=jport, user=juser
+                )
             self._jump = SshRunner(jump_host, settings)
             try:
                 transport = self._jump._client.get_transport()
                 assert transport is not None
                 sock = transport.open_channel(
-                    "direct-tcpip", (address, port), ("127.0.0.1", 0),
+                    "direct-tcpip",
+                    (address, port),
+                    ("127.0.0.1", 0),
                     timeout=settings.ssh_connect_timeout,
                 )
             except (paramiko.SSHException, OSError) as exc:
@@ -131,8 +137,10 @@ class SshRunner:
                 address,
                 port=port,
                 username=user,
-                key_filename=key_files or None,
-                password=settings.ssh_password.get_secret_value() if settings.ssh_password else None,
+                key_filename=key_files or None,  # type: ignore[arg-type]  # paramiko takes a list
+                password=settings.ssh_password.get_secret_value()
+                if settings.ssh_password
+                else None,
                 look_for_keys=not key_files,
                 allow_agent=True,
                 timeout=timeout,
@@ -158,7 +166,10 @@ class SshRunner:
                     f"ssh-keyscan after verifying it, or set accept_unknown_host_key for this host."
                 ) from None
             raise HostUnreachable(f"{host.name} ({where}): SSH error: {text}") from None
-        except (TimeoutError, socket.timeout) as exc:
+        except paramiko.ssh_exception.NoValidConnectionsError as exc:
+            reasons = sorted({getattr(e, "strerror", None) or str(e) for e in exc.errors.values()})
+            raise HostUnreachable(f"{host.name} ({where}): {'; '.join(reasons)}") from None
+        except TimeoutError as exc:
             raise HostUnreachable(f"{host.name} ({where}): timed out after {timeout:g}s") from exc
         except OSError as exc:
             raise HostUnreachable(f"{host.name} ({where}): {exc.strerror or exc}") from None

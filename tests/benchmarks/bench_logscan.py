@@ -95,8 +95,12 @@ def main() -> int:
         n_patterns = len(patterns.read_text().splitlines())
         contenders = {
             "grep -E -c": ["grep", "-E", "-c", "-f", str(patterns), str(log)],
-            "cudamedic classify": [str(REPO / ".venv/bin/cudamedic"), "classify", str(bundle),
-                                   "--json"],
+            "cudamedic classify": [
+                str(REPO / ".venv/bin/cudamedic"),
+                "classify",
+                str(bundle),
+                "--json",
+            ],
         }
         if shutil.which("rg"):
             contenders["rg -c (reference)"] = ["rg", "-c", "-f", str(patterns), str(log)]
@@ -115,7 +119,9 @@ def main() -> int:
         print(f"log: {size / 2**30:.2f} GiB, {n_patterns} signatures; best of {args.repeat} runs")
         print(f"{'tool':24} {'wall s':>8} {'GiB/s':>7} {'peak RSS MiB':>13} {'x grep':>7}")
         for name, (wall, rss) in results.items():
-            print(f"{name:24} {wall:8.2f} {size / 2**30 / wall:7.2f} {rss:13.0f} {wall / base:7.2f}")
+            print(
+                f"{name:24} {wall:8.2f} {size / 2**30 / wall:7.2f} {rss:13.0f} {wall / base:7.2f}"
+            )
         print(f"grep matching lines: {grep_count}; cudamedic verdict: {verdict}")
         return 0
     finally:

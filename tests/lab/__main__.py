@@ -13,8 +13,10 @@ def main(argv: list[str]) -> int:
     cmd = argv[0] if argv else "status"
     if cmd == "up":
         state = up()
-        print(f"lab up in {state.dir}: {len(state.hosts)} hosts, engines "
-              f"{', '.join(e.name + '=' + e.url for e in state.engines.values())}")
+        print(
+            f"lab up in {state.dir}: {len(state.hosts)} hosts, engines "
+            f"{', '.join(e.name + '=' + e.url for e in state.engines.values())}"
+        )
         print(f"export CUDAMEDIC_CONFIG={state.config}")
         return 0
     if cmd == "down":

@@ -34,9 +34,9 @@ from tests.lab.scenarios import SCENARIOS, Scenario
 REPO = Path(__file__).resolve().parents[2]
 FIXTURES = REPO / "tests" / "fixtures"
 IMAGE = "cudamedic-lab/busybox:1"
-SHIM_FIXTURES = {
-    "nvidia-smi-L.txt": "nvidia-smi-L/h100-8x.txt",
-    "nvidia-smi.txt": "nvidia-smi/h100-8x-healthy.txt",
+SHIM_FIXTURES = {  # what the GPU engine's containers see through the toolkit shim
+    "nvidia-smi-L.txt": "nvidia-smi/list-h100-8gpu.txt",
+    "nvidia-smi.txt": "nvidia-smi/h100-sxm-8gpu.txt",
 }
 
 
@@ -85,8 +85,13 @@ class LabState:
         if not path.exists():
             return None
         raw = json.loads(path.read_text())
-        state = cls(dir=raw["dir"], user_key=raw["user_key"], known_hosts=raw["known_hosts"],
-                    inventory=raw["inventory"], config=raw["config"])
+        state = cls(
+            dir=raw["dir"],
+            user_key=raw["user_key"],
+            known_hosts=raw["known_hosts"],
+            inventory=raw["inventory"],
+            config=raw["config"],
+        )
         state.engines = {k: EngineInfo(**v) for k, v in raw["engines"].items()}
         state.hosts = {k: HostInfo(**v) for k, v in raw["hosts"].items()}
         return state
@@ -110,10 +115,12 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _run(*argv: str, env: dict[str, str] | None = None, check: bool = True,
-         input_: bytes | None = None) -> subprocess.CompletedProcess[bytes]:
-    return subprocess.run(list(argv), check=check, env=env, input=input_, capture_output=True,
-                          timeout=120)
+def _run(
+    *argv: str, env: dict[str, str] | None = None, check: bool = True, input_: bytes | None = None
+) -> subprocess.CompletedProcess[bytes]:
+    return subprocess.run(
+        list(argv), check=check, env=env, input=input_, capture_output=True, timeout=120
+    )
 
 
 # -- Docker engines ----------------------------------------------------------------------------
@@ -135,25 +142,39 @@ def _start_engine(root: Path, name: str, gpu: bool) -> EngineInfo:
         env["PATH"] = f"{base / 'bin'}:{env.get('PATH', '/usr/bin:/bin')}"
     else:
         env["PATH"] = ":".join(
-            p for p in env.get("PATH", "/usr/sbin:/usr/bin:/sbin:/bin").split(":")
+            p
+            for p in env.get("PATH", "/usr/sbin:/usr/bin:/sbin:/bin").split(":")
             if not (Path(p) / "nvidia-container-runtime-hook").exists()
         )
     exec_root = Path(f"/run/cudamedic-lab-{name}")  # short: containerd socket paths are limited
     log = open(base / "dockerd.log", "ab")  # noqa: SIM115 - handed to the daemon
     proc = subprocess.Popen(
         [
-            "dockerd", "--bridge=none", "--iptables=false", "--ip6tables=false",
-            f"--host=unix://{sock}", f"--data-root={base / 'data'}",
-            f"--exec-root={exec_root}", f"--pidfile={base / 'dockerd.pid'}",
+            "dockerd",
+            "--bridge=none",
+            "--iptables=false",
+            "--ip6tables=false",
+            f"--host=unix://{sock}",
+            f"--data-root={base / 'data'}",
+            f"--exec-root={exec_root}",
+            f"--pidfile={base / 'dockerd.pid'}",
             "--storage-driver=overlay2",
         ],
-        stdout=log, stderr=log, env=env, start_new_session=True,
+        stdout=log,
+        stderr=log,
+        env=env,
+        start_new_session=True,
     )
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise RuntimeError(f"dockerd {name} exited: {(base / 'dockerd.log').read_text()[-2000:]}")
-        if sock.exists() and _run("docker", "-H", f"unix://{sock}", "version", check=False).returncode == 0:
+            raise RuntimeError(
+                f"dockerd {name} exited: {(base / 'dockerd.log').read_text()[-2000:]}"
+            )
+        if (
+            sock.exists()
+            and _run("docker", "-H", f"unix://{sock}", "version", check=False).returncode == 0
+        ):
             return EngineInfo(name=name, socket=str(sock), pid=proc.pid, gpu=gpu)
         time.sleep(0.3)
     raise RuntimeError(f"dockerd {name} did not start; see {base / 'dockerd.log'}")
@@ -165,6 +186,7 @@ def _rootfs_tar() -> bytes:
     applets = _run(busybox, "--list").stdout.decode().split()
     buf = BytesIO()
     with tarfile.open(fileobj=buf, mode="w") as tar:
+
         def add_dir(path: str, mode: int = 0o755) -> None:
             info = tarfile.TarInfo(path)
             info.type, info.mode = tarfile.DIRTYPE, mode
@@ -175,8 +197,20 @@ def _rootfs_tar() -> bytes:
             info.size, info.mode = len(data), mode
             tar.addfile(info, BytesIO(data))
 
-        for d in ("bin", "etc", "tmp", "root", "proc", "sys", "dev", "data",
-                  "usr", "usr/local", "usr/local/bin", "workspace"):
+        for d in (
+            "bin",
+            "etc",
+            "tmp",
+            "root",
+            "proc",
+            "sys",
+            "dev",
+            "data",
+            "usr",
+            "usr/local",
+            "usr/local/bin",
+            "workspace",
+        ):
             add_dir(d, 0o1777 if d == "tmp" else 0o755)
         with open(busybox, "rb") as fh:
             add_file("bin/busybox", fh.read(), 0o755)
@@ -191,8 +225,19 @@ def _rootfs_tar() -> bytes:
 
 
 def _import_image(engine: EngineInfo, rootfs: bytes) -> None:
-    _run("docker", "-H", engine.url, "import", "-c", 'CMD ["/bin/sh"]',
-         "-c", "ENV PATH=/usr/local/bin:/usr/bin:/bin", "-", IMAGE, input_=rootfs)
+    _run(
+        "docker",
+        "-H",
+        engine.url,
+        "import",
+        "-c",
+        'CMD ["/bin/sh"]',
+        "-c",
+        "ENV PATH=/usr/local/bin:/usr/bin:/bin",
+        "-",
+        IMAGE,
+        input_=rootfs,
+    )
 
 
 # -- simulated GPU hosts -----------------------------------------------------------------------
@@ -200,14 +245,16 @@ _NVIDIA_SMI = """#!/bin/sh
 # cudamedic lab: replays recorded nvidia-smi output for scenario {scenario}
 D={data}
 [ -f "$D/nvidia-smi.hang" ] && exec sleep 3600
+rc="$(cat "$D/nvidia-smi.rc" 2>/dev/null || echo 0)"
 case "$*" in
   "-L") f="$D/nvidia-smi-L.txt" ;;
   "-q -x") f="$D/nvidia-smi.xml" ;;
   *) f="$D/nvidia-smi.txt" ;;
 esac
-[ -f "$f" ] || f="$D/nvidia-smi.txt"
-cat "$f"
-exit "$(cat "$D/nvidia-smi.rc" 2>/dev/null || echo 0)"
+# A failing driver prints the same error whatever is asked; a missing recording prints nothing.
+[ "$rc" != 0 ] && f="$D/nvidia-smi.txt"
+[ -f "$f" ] && cat "$f"
+exit "$rc"
 """
 _DMESG = """#!/bin/sh
 D={data}
@@ -216,7 +263,7 @@ cat "$D/dmesg.txt"
 """
 _JOURNALCTL = """#!/bin/sh
 D={data}
-cat "$D/journal.txt"
+[ -f "$D/journal.txt" ] && cat "$D/journal.txt"
 """
 _ALL_REDUCE = """#!/bin/sh
 D={data}
@@ -254,8 +301,15 @@ def _write_host_scenario(home: Path, scenario: Scenario) -> Path:
     return data
 
 
-def _start_sshd(root: Path, host: str, port: int, engine: EngineInfo, bindir: Path,
-                host_key: Path, authorized: Path) -> int:
+def _start_sshd(
+    root: Path,
+    host: str,
+    port: int,
+    engine: EngineInfo,
+    bindir: Path,
+    host_key: Path,
+    authorized: Path,
+) -> int:
     home = root / "hosts" / host
     config = home / "sshd_config"
     config.write_text(
@@ -268,8 +322,12 @@ def _start_sshd(root: Path, host: str, port: int, engine: EngineInfo, bindir: Pa
     )
     Path("/run/sshd").mkdir(exist_ok=True)
     log = open(home / "sshd.log", "ab")  # noqa: SIM115 - handed to the daemon
-    proc = subprocess.Popen(["/usr/sbin/sshd", "-D", "-e", "-f", str(config)],
-                            stdout=log, stderr=log, start_new_session=True)
+    proc = subprocess.Popen(
+        ["/usr/sbin/sshd", "-D", "-e", "-f", str(config)],
+        stdout=log,
+        stderr=log,
+        start_new_session=True,
+    )
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline:
         if proc.poll() is not None:
@@ -301,8 +359,18 @@ def up(directory: Path | None = None) -> LabState:
         keys.mkdir(exist_ok=True)
         user_key = keys / "id_ed25519"
         if not user_key.exists():
-            _run("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "cudamedic-lab",
-                 "-f", str(user_key))
+            _run(
+                "ssh-keygen",
+                "-q",
+                "-t",
+                "ed25519",
+                "-N",
+                "",
+                "-C",
+                "cudamedic-lab",
+                "-f",
+                str(user_key),
+            )
         authorized = keys / "authorized_keys"
         shutil.copyfile(f"{user_key}.pub", authorized)
         known: list[str] = []
@@ -317,15 +385,23 @@ def up(directory: Path | None = None) -> LabState:
             port = _free_port()
             engine = state.engines[scenario.engine]
             pid = _start_sshd(root, scenario.name, port, engine, home / "bin", host_key, authorized)
-            state.hosts[scenario.name] = HostInfo(name=scenario.name, port=port,
-                                                  scenario=scenario.name, engine=engine.name,
-                                                  pid=pid, data=str(data))
+            state.hosts[scenario.name] = HostInfo(
+                name=scenario.name,
+                port=port,
+                scenario=scenario.name,
+                engine=engine.name,
+                pid=pid,
+                data=str(data),
+            )
             state.save()
             pub = Path(f"{host_key}.pub").read_text().split()
             known.append(f"[127.0.0.1]:{port} {pub[0]} {pub[1]}")
             inventory[scenario.name] = {
-                "address": "127.0.0.1", "port": port, "user": "root",
-                "key_file": str(user_key), "gpus": scenario.gpus,
+                "address": "127.0.0.1",
+                "port": port,
+                "user": "root",
+                "key_file": str(user_key),
+                "gpus": scenario.gpus,
                 "tags": list(scenario.tags),
             }
         known_hosts = root / "known_hosts"
@@ -335,10 +411,17 @@ def up(directory: Path | None = None) -> LabState:
 
         inv.write_text(yaml.safe_dump({"hosts": inventory}, sort_keys=True))
         config = root / "cudamedic.yaml"
-        config.write_text(yaml.safe_dump({
-            "inventory": str(inv), "known_hosts": str(known_hosts),
-            "ssh_connect_timeout": 5, "command_timeout": 10, "nccl_tests_budget": 30,
-        }))
+        config.write_text(
+            yaml.safe_dump(
+                {
+                    "inventory": str(inv),
+                    "known_hosts": str(known_hosts),
+                    "ssh_connect_timeout": 5,
+                    "command_timeout": 10,
+                    "nccl_tests_budget": 30,
+                }
+            )
+        )
         state.user_key, state.known_hosts = str(user_key), str(known_hosts)
         state.inventory, state.config = str(inv), str(config)
         state.save()
@@ -355,8 +438,12 @@ def down(state: LabState | None = None) -> None:
     for host in state.hosts.values():
         _terminate(host.pid)
     for engine in state.engines.values():
-        _run("sh", "-c", f"docker -H {engine.url} ps -aq | xargs -r docker -H {engine.url} rm -f",
-             check=False)
+        _run(
+            "sh",
+            "-c",
+            f"docker -H {engine.url} ps -aq | xargs -r docker -H {engine.url} rm -f",
+            check=False,
+        )
         _terminate(engine.pid, wait=20)
     state_file = Path(state.dir, "state.json")
     if state_file.exists():
