@@ -98,7 +98,7 @@ class LabState:
 
     def alive(self) -> bool:
         pids = [e.pid for e in self.engines.values()] + [h.pid for h in self.hosts.values()]
-        return bool(pids) and all(_pid_alive(p) for p in pids)
+        return bool(pids) and all(_ours(p, self.dir) for p in pids)
 
 
 def _pid_alive(pid: int) -> bool:
@@ -450,7 +450,17 @@ def down(state: LabState | None = None) -> None:
         state_file.unlink()
 
 
-def _terminate(pid: int, wait: float = 5) -> None:
+def _ours(pid: int, marker: str) -> bool:
+    """Is `pid` still one of the lab's daemons? (pids are reused after a reboot or a crash)"""
+    try:
+        return marker in Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
+    except OSError:
+        return False
+
+
+def _terminate(pid: int, wait: float = 5, marker: str | None = None) -> None:
+    if marker is not None and not _ours(pid, marker):
+        return
     try:
         os.kill(pid, signal.SIGTERM)
     except OSError:
