@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from runbooks.inventory import Inventory
     from runbooks.settings import Settings
+    from runbooks.target import Target
 
 
 def _settings(args: argparse.Namespace) -> Settings:
@@ -30,18 +31,36 @@ def _inventory(settings: Settings) -> Inventory | None:
 
 
 def cmd_collect(args: argparse.Namespace) -> int:
+    import concurrent.futures
+
     from runbooks.bundle import write_tar
     from runbooks.collect import collect
+    from runbooks.errors import InputError
     from runbooks.target import resolve_target
 
     settings = _settings(args)
-    target = resolve_target(args.target, _inventory(settings))
-    path = collect(
-        target, settings, container=args.container, out_dir=args.out, trigger=args.trigger
-    )
-    if args.tar:
-        path = write_tar(path)
-    print(path)
+    inventory = _inventory(settings)
+    specs = list(args.target)
+    if args.all:
+        if inventory is None:
+            raise InputError("--all needs an inventory (--inventory or CUDAMEDIC_INVENTORY)")
+        specs += sorted(inventory.hosts)
+    if not specs:
+        raise InputError("name a TARGET, or --all for every inventory host")
+    if args.container and len(specs) > 1:
+        raise InputError("--container applies to one TARGET only")
+    targets = [resolve_target(spec, inventory) for spec in dict.fromkeys(specs)]
+
+    def one(target: Target) -> str:
+        path = collect(
+            target, settings, container=args.container, out_dir=args.out, trigger=args.trigger
+        )
+        return str(write_tar(path) if args.tar else path)
+
+    # Hosts are independent: collect them at once, each bounded by its own timeouts.
+    with concurrent.futures.ThreadPoolExecutor(max_workers=min(16, len(targets))) as pool:
+        for path in pool.map(one, targets):
+            print(path)
     return 0
 
 
@@ -67,7 +86,13 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("collect", help="gather an evidence bundle from a host")
-    p.add_argument("target", help="'local', an inventory host name, or ssh://user@host[:port]")
+    p.add_argument(
+        "target",
+        nargs="*",
+        help="'local', an inventory host name, or ssh://user@host[:port] (several: "
+        "collected at once)",
+    )
+    p.add_argument("--all", action="store_true", help="every host of the inventory")
     p.add_argument("--container", help="the container to examine (default: every GPU container)")
     p.add_argument("--out", type=Path, help="directory for bundles (default: ./bundles)")
     p.add_argument("--inventory", type=Path, help="inventory file (YAML or Ansible YAML/INI)")
