@@ -34,6 +34,9 @@ from tests.lab.scenarios import SCENARIOS, Scenario
 REPO = Path(__file__).resolve().parents[2]
 FIXTURES = REPO / "tests" / "fixtures"
 IMAGE = "cudamedic-lab/busybox:1"
+# Simulated hosts are logged into as an unprivileged user with a plain POSIX shell (no rc files),
+# in the docker group for the lab engines' sockets — like an operator account on a GPU node.
+LAB_USER = "cudamedic-lab"
 SHIM_FIXTURES = {  # what the GPU engine's containers see through the toolkit shim
     "nvidia-smi-L.txt": "nvidia-smi/list-h100-8gpu.txt",
     "nvidia-smi.txt": "nvidia-smi/h100-sxm-8gpu.txt",
@@ -339,6 +342,27 @@ def _start_sshd(
     raise RuntimeError(f"sshd {host} did not start")
 
 
+def _ensure_user(root: Path) -> None:
+    home = root / "home"
+    home.mkdir(parents=True, exist_ok=True)
+    if _run("id", "-u", LAB_USER, check=False).returncode != 0:
+        _run(
+            "useradd",
+            "--system",
+            "--no-create-home",
+            "--home-dir",
+            str(home),
+            "--shell",
+            "/bin/sh",
+            LAB_USER,
+        )
+    if _run("getent", "group", "docker", check=False).returncode != 0:
+        _run("groupadd", "--system", "docker")
+    # "*": no password, but not "locked" ("!"), which sshd refuses even for key logins.
+    _run("usermod", "-aG", "docker", "-p", "*", LAB_USER)
+    shutil.chown(home, LAB_USER)
+
+
 def up(directory: Path | None = None) -> LabState:
     root = directory or lab_dir()
     existing = LabState.load(root)
@@ -349,6 +373,8 @@ def up(directory: Path | None = None) -> LabState:
     root.mkdir(parents=True, exist_ok=True)
     state = LabState(dir=str(root))
     try:
+        _ensure_user(root)
+        root.chmod(0o755)
         rootfs = _rootfs_tar()
         for name, gpu in (("gpu", True), ("plain", False)):
             engine = _start_engine(root, name, gpu)
@@ -399,7 +425,7 @@ def up(directory: Path | None = None) -> LabState:
             inventory[scenario.name] = {
                 "address": "127.0.0.1",
                 "port": port,
-                "user": "root",
+                "user": LAB_USER,
                 "key_file": str(user_key),
                 "gpus": scenario.gpus,
                 "tags": list(scenario.tags),
