@@ -18,10 +18,10 @@ if TYPE_CHECKING:
     from runbooks.target import Target
 
 
-def _settings(args: argparse.Namespace) -> Settings:
+def _settings(args: argparse.Namespace, **extra: object) -> Settings:
     from runbooks.settings import load_settings
 
-    return load_settings(inventory=getattr(args, "inventory", None))
+    return load_settings(inventory=getattr(args, "inventory", None), **extra)
 
 
 def _inventory(settings: Settings) -> Inventory | None:
@@ -77,6 +77,50 @@ def cmd_classify(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_fix(args: argparse.Namespace) -> int:
+    from runbooks.fixer import execute, prepare, refusal, render_outcome, render_plan
+    from runbooks.policy import load_policy
+    from runbooks.target import resolve_target
+
+    settings = _settings(args, policy=args.policy)
+    target = resolve_target(args.target, _inventory(settings))
+    policy = load_policy(settings.policy)
+    prepared = prepare(target, args.container, settings, trigger=args.trigger)
+    print(render_plan(prepared))
+    if prepared.plan is None:
+        return 0
+    if not args.apply:
+        print("dry run: nothing was changed. Add --apply (and --yes) to make this change.")
+        return 0
+    confirmed = args.yes or _confirm(f"Apply this change to {target.name}/{args.container}?")
+    tags = target.host.tags if target.host else ()
+    why = refusal(prepared.plan, tags, policy, settings, confirmed)
+    if why is not None:
+        print(f"cudamedic: refused: {why}", file=sys.stderr)
+        return 4
+    outcome = execute(target, prepared, settings)
+    print(render_outcome(outcome))
+    return {"fixed": 0, "recovered": 0, "rolled-back": 5}.get(outcome.status, 6)
+
+
+def cmd_rollback(args: argparse.Namespace) -> int:
+    from runbooks.fixer import render_outcome, rollback
+    from runbooks.target import resolve_target
+
+    settings = _settings(args)
+    target = resolve_target(args.target, _inventory(settings))
+    outcome = rollback(target, args.container, settings)
+    print(render_outcome(outcome))
+    return 0 if outcome.status in ("rolled-back", "recovered", "nothing-to-do") else 6
+
+
+def _confirm(question: str) -> bool:
+    if not sys.stdin.isatty():
+        return False
+    answer = input(f"{question} [y/N] ").strip().lower()
+    return answer in ("y", "yes")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="cudamedic",
@@ -99,6 +143,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--trigger", help="the text that triggered this (e.g. a pasted error)")
     p.add_argument("--tar", action="store_true", help="also pack the bundle as .tar.gz")
     p.set_defaults(func=cmd_collect)
+
+    p = sub.add_parser("fix", help="plan (and with --apply, make) the safe fix for a container")
+    p.add_argument("target", help="'local', an inventory host name, or ssh://user@host[:port]")
+    p.add_argument("--container", required=True)
+    p.add_argument("--apply", action="store_true", help="make the change (default: dry run)")
+    p.add_argument("--yes", action="store_true", help="do not ask for confirmation")
+    p.add_argument("--policy", type=Path, help="fix policy (unattended classes, blast radius)")
+    p.add_argument("--inventory", type=Path)
+    p.add_argument("--trigger", help="the text that triggered this")
+    p.set_defaults(func=cmd_fix)
+
+    p = sub.add_parser("rollback", help="restore the container a fix replaced (its backup)")
+    p.add_argument("target")
+    p.add_argument("--container", required=True)
+    p.add_argument("--inventory", type=Path)
+    p.set_defaults(func=cmd_rollback)
 
     p = sub.add_parser("classify", help="diagnose a bundle (directory, .tar.gz or a log file)")
     p.add_argument("path", type=Path)

@@ -8,12 +8,14 @@ Host commands run concurrently over one SSH connection; Docker calls run beside 
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import logging
 import os
 import platform
 import re
 import shlex
 import time
+from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -468,3 +470,24 @@ def _collect_docker(
             )
     for name in containers:
         _collect_container(engine, name, settings, writer)
+
+
+@contextlib.contextmanager
+def engine_session(target: Target, settings: Settings) -> Iterator[DockerEngine]:
+    """A Docker engine handle for the target (over SSH for remote hosts), closed after use.
+    Raises TargetError when the host or its engine cannot be reached."""
+    runner: SshRunner | None = None
+    engine: DockerEngine | None = None
+    try:
+        if target.kind == "local":
+            engine = DockerEngine.local(settings.docker_host, settings.docker_timeout)
+        else:
+            assert target.host is not None
+            runner = SshRunner(target.host, settings, jump_host=target.jump)
+            engine = DockerEngine.over_ssh(runner, target.host.docker_host, settings.docker_timeout)
+        yield engine
+    finally:
+        if engine is not None:
+            engine.close()
+        if runner is not None:
+            runner.close()

@@ -67,6 +67,7 @@ class Facts(BaseModel):
     toolkit: str | None = None  # commands/container-toolkit.txt, as written
     toolkit_missing: bool = False
     lsmod: str | None = None
+    host_ulimits: Ulimits | None = None  # commands/ulimit*.txt (a person's `ulimit -a`)
     containers: dict[str, ContainerFacts] = {}
     scans: list[ScanResult] = []
     exceptions: list[Line] = []
@@ -123,8 +124,12 @@ def origin_of(source: str) -> Origin:
     return "host"
 
 
+# Probe outputs that list settings (limits, env, sizes) are facts, not logs: never scanned.
+_NOT_LOGS = (".exec-ulimit.txt", ".exec-env.txt", ".exec-shm.txt", "ulimit-a.txt", "ulimit.txt")
+
+
 def _scan_kind(rel: str) -> Where | None:
-    if rel in ("bundle.json",) or rel.endswith((".json", ".xml")):
+    if rel in ("bundle.json",) or rel.endswith((".json", ".xml", *_NOT_LOGS)):
         return None
     if rel == "dmesg.txt":
         return "kernel"
@@ -168,6 +173,9 @@ def gather(bundle: Bundle) -> Facts:
         facts.toolkit = text.strip() or None
     if (text := files.get("commands/lsmod-nvidia.txt")) is not None:
         facts.lsmod = text
+    for rel in ("commands/ulimit-a.txt", "commands/ulimit.txt"):
+        if (text := files.get(rel)) is not None:
+            facts.host_ulimits = parse_ulimit(text, rel)
     for name in bundle.container_names():
         facts.containers[name] = _container(bundle, name)
     for rel in bundle.names():

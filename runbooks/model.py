@@ -97,3 +97,34 @@ class Diagnosis(Frozen):
     container: str | None = None
     findings: tuple[Finding, ...] = ()
     matches: tuple[Match, ...] = ()
+
+
+class CreateSpec(Frozen):
+    """Engine API bodies that recreate a container: Config, HostConfig, networks."""
+
+    name: str
+    config: dict[str, object]
+    host_config: dict[str, object]
+    networking: dict[str, object] | None = None  # the first network, given at create
+    extra_networks: dict[str, dict[str, object]] = {}  # connected after create
+    image_note: str = ""
+
+
+class FixPlan(Frozen):
+    """Everything a fix will do, written for a person and executable by recreate.py."""
+
+    host: str
+    container: str
+    container_id: str
+    incident: str
+    summary: str
+    change: ContainerChange
+    docker_run_before: tuple[str, ...]
+    docker_run_after: tuple[str, ...]
+    diff: tuple[str, ...]
+    steps: tuple[str, ...]
+    spec: CreateSpec
+    backup_name: str
+    was_running: bool
+    restart_policy: dict[str, object]
+    checks: tuple[str, ...] = ()  # what verification will look at

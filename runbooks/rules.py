@@ -561,19 +561,21 @@ def shm_too_small(facts: Facts) -> Match | None:
 @rule(Incident.MEMLOCK_LIMIT)
 def memlock_limit(facts: Facts) -> Match | None:
     match = sig_match(facts, Incident.MEMLOCK_LIMIT)
-    for c in facts.containers.values():
-        u = c.ulimits
-        if u is None or u.memlock_kb is None or u.memlock_kb < 0 or u.memlock_kb > 65536:
+    limits = [(c.name, c.ulimits, c.env_probe) for c in facts.containers.values() if c.ulimits]
+    if facts.host_ulimits is not None:
+        limits.append(("the host", facts.host_ulimits, {}))
+    for where, u, env in limits:
+        if u.memlock_kb is None or u.memlock_kb < 0 or u.memlock_kb > 65536:
             continue
-        uses_rdma = hits(facts, ["ibv-reg-mr", "net-ib-cannot-allocate", "cuda-host-register"])
-        if match is not None or uses_rdma or any(k.startswith("NCCL_IB") for k in c.env_probe):
+        # A low limit matters when something registers memory (RDMA/IB/EFA, pinned buffers).
+        if match is not None or any(k.startswith(("NCCL_IB", "FI_")) for k in env):
             lines = [u.memlock_line] if u.memlock_line else []
             return _boost(
                 match,
                 Incident.MEMLOCK_LIMIT,
                 0.8,
                 lines,
-                f"locked-memory limit in {c.name} is {u.memlock_kb} KiB",
+                f"locked-memory limit in {where} is {u.memlock_kb} KiB",
             )
     return match
 

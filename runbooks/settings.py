@@ -43,6 +43,17 @@ class Settings(BaseSettings):
     nccl_tests_gpus: int | None = Field(default=None, gt=0)  # default: every GPU nvidia-smi lists
     nccl_tests_budget: float = Field(default=120.0, gt=0)
     nccl_tests_enabled: bool = True
+    # Fixes
+    state_dir: Path = Path("~/.local/state/cudamedic")  # journal, locks, audit log
+    policy: Path | None = None  # fix policy (deploy/policy.example.yaml)
+    fix_settle_s: float = Field(default=5.0, ge=0)
+    fix_stop_timeout: int = Field(default=10, ge=0)
+    fix_health_timeout: float = Field(default=60.0, gt=0)
+    fix_backup_retention_h: float = Field(default=24.0, ge=0)
+
+    @property
+    def state_path(self) -> Path:
+        return self.state_dir.expanduser()
 
     @classmethod
     def settings_customise_sources(

@@ -160,6 +160,95 @@ class DockerEngine:
         self._call(f"logs {name}", read)
         return buf.getvalue(), buf.truncated, buf.seen
 
+    # -- lifecycle (used by runbooks/recreate.py) ----------------------------------------------
+    def find(self, name_or_id: str) -> dict[str, Any] | None:
+        """Inspect a container, or None when it does not exist."""
+        try:
+            return self.inspect(name_or_id)
+        except ContainerNotFound:
+            return None
+
+    def list_named(self, prefix: str) -> list[dict[str, Any]]:
+        """Containers (any state) whose name starts with `prefix`."""
+        found = self._call(
+            "list containers", lambda: self.api.containers(all=True, filters={"name": prefix})
+        )
+        out = []
+        for summary in found:
+            names = [n.lstrip("/") for n in summary.get("Names") or []]
+            if any(n.startswith(prefix) for n in names):
+                out.append(summary)
+        return out
+
+    def image_id(self, ref: str) -> str | None:
+        try:
+            return str(
+                self._call(f"inspect image {ref}", lambda: self.api.inspect_image(ref))["Id"]
+            )
+        except ContainerNotFound:
+            return None
+
+    def stop(self, name: str, timeout: int) -> None:
+        self._call(f"stop {name}", lambda: self.api.stop(name, timeout=timeout))
+
+    def start(self, name: str) -> None:
+        self._call(f"start {name}", lambda: self.api.start(name))
+
+    def rename(self, name: str, new_name: str) -> None:
+        self._call(f"rename {name} to {new_name}", lambda: self.api.rename(name, new_name))
+
+    def remove(self, name: str) -> None:
+        """Remove a container, never its volumes."""
+        self._call(f"remove {name}", lambda: self.api.remove_container(name, v=False, force=True))
+
+    def set_restart_policy(self, name: str, policy: dict[str, Any]) -> None:
+        self._call(f"update {name}", lambda: self.api.update_container(name, restart_policy=policy))
+
+    def create(
+        self,
+        name: str,
+        config: dict[str, Any],
+        host_config: dict[str, Any],
+        networking: dict[str, Any] | None,
+    ) -> str:
+        """Create a container from raw Engine API objects (as inspect shows them)."""
+        body = {**config, "HostConfig": host_config}
+        if networking:
+            body["NetworkingConfig"] = networking
+
+        def post() -> str:
+            url = self.api._url("/containers/create")
+            res = self.api._post_json(url, data=body, params={"name": name})
+            return str(self.api._result(res, True)["Id"])
+
+        return self._call(f"create {name}", post)
+
+    def connect(self, network: str, name: str, endpoint: dict[str, Any]) -> None:
+        self._call(
+            f"connect {name} to {network}",
+            lambda: self.api.connect_container_to_network(
+                name,
+                network,
+                aliases=endpoint.get("Aliases"),
+                links=endpoint.get("Links"),
+                ipv4_address=(endpoint.get("IPAMConfig") or {}).get("IPv4Address"),
+                ipv6_address=(endpoint.get("IPAMConfig") or {}).get("IPv6Address"),
+                driver_opt=endpoint.get("DriverOpts"),
+            ),
+        )
+
+    def logs_since(self, name: str, since: int, max_bytes: int) -> bytes:
+        buf = BoundedBuffer(max_bytes, "tail")
+
+        def read() -> None:
+            for chunk in self.api.logs(
+                name, stdout=True, stderr=True, since=since, stream=True, follow=False
+            ):
+                buf.write(chunk)
+
+        self._call(f"logs {name}", read)
+        return buf.getvalue()
+
     def exec(self, name: str, argv: list[str], timeout: float, max_bytes: int) -> CommandResult:
         """Run argv inside a running container (no shell on our side), bounded in time and size."""
         start = time.monotonic()

@@ -457,6 +457,14 @@ def up(directory: Path | None = None) -> LabState:
     return state
 
 
+def restart_engine(state: LabState, name: str) -> None:
+    """Stop a lab engine the way a host reboot or package upgrade would, and start it again."""
+    engine = state.engines[name]
+    _terminate(engine.pid, wait=30, marker=state.dir)
+    state.engines[name] = _start_engine(Path(state.dir), name, engine.gpu)
+    state.save()
+
+
 def down(state: LabState | None = None) -> None:
     state = state or LabState.load(lab_dir())
     if state is None:

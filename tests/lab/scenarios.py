@@ -102,6 +102,16 @@ SCENARIOS: dict[str, Scenario] = {
             planted="container-toolkit-missing",
         ),
         Scenario(
+            # The toolkit's CLI is installed, but the engine was never set up with its hook
+            # (e.g. dockerd not restarted after the install): `--gpus` fails at start.
+            name="gpu-nohook",
+            engine="plain",
+            gpus=8,
+            tags=("h100", "lab"),
+            files={**_H100},
+            planted="gpu-not-requested whose fix fails: no runtime hook",
+        ),
+        Scenario(
             name="gpu-hang",
             engine="gpu",
             gpus=8,

@@ -1,0 +1,207 @@
+"""The fix procedure end to end (SHELL): recover, collect, diagnose, plan, decide, apply.
+
+Used by `cudamedic fix` and `cudamedic rollback`, and by the flows. Decisions (what to change,
+whether policy allows it) stay in the pure modules; this module only sequences I/O.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import timedelta
+from typing import Any
+
+from runbooks.classify import classify_path
+from runbooks.collect import collect, engine_session
+from runbooks.errors import FixError
+from runbooks.fixes import plan_fix
+from runbooks.journal import Journal, applied_within, audit, container_lock, now
+from runbooks.model import Diagnosis, FixPlan, Frozen
+from runbooks.names import container_name
+from runbooks.policy import Policy
+from runbooks.recreate import Outcome, apply_plan, cleanup_backups, manual_rollback, recover
+from runbooks.redact import redact_json
+from runbooks.settings import Settings
+from runbooks.target import Target
+
+
+class Prepared(Frozen):
+    bundle: str
+    diagnosis: Diagnosis
+    plan: FixPlan | None = None
+    recovered: Outcome | None = None
+    inspect: dict[str, Any] = {}
+
+
+def prepare(
+    target: Target, container: str, settings: Settings, trigger: str | None = None
+) -> Prepared:
+    """Finish any interrupted fix, then collect, classify and plan (changes nothing else)."""
+    container = container_name(container)
+    journal = Journal(settings.state_path, target.name, container)
+    with (
+        container_lock(settings.state_path, target.name, container),
+        engine_session(target, settings) as engine,
+    ):
+        recovered = recover(engine, journal)
+        if recovered is not None:
+            audit(
+                settings.state_path,
+                "recover",
+                host=target.name,
+                container=container,
+                outcome=recovered.status,
+                message=recovered.message,
+            )
+        inspect = engine.inspect(container)
+        image_id = engine.image_id(str((inspect.get("Config") or {}).get("Image") or ""))
+        image_env = _image_env(engine, str(inspect.get("Image") or ""))
+    bundle = collect(target, settings, container=container, trigger=trigger)
+    diagnosis = classify_path(bundle)
+    plan = None
+    if diagnosis.fix is not None and diagnosis.fix.safe and diagnosis.fix.change is not None:
+        plan = plan_fix(
+            host=target.name,
+            inspect=inspect,
+            fix=diagnosis.fix,
+            incident=diagnosis.incident,
+            summary=diagnosis.summary,
+            current_image_id=image_id,
+            now=now(),
+            settle_s=settings.fix_settle_s,
+            retention_h=settings.fix_backup_retention_h,
+            image_env=image_env,
+        )
+    return Prepared(
+        bundle=str(bundle), diagnosis=diagnosis, plan=plan, recovered=recovered, inspect=inspect
+    )
+
+
+def _image_env(engine: Any, image_id: str) -> list[str]:
+    try:
+        info = engine._call("inspect image", lambda: engine.api.inspect_image(image_id))
+        return list((info.get("Config") or {}).get("Env") or [])
+    except Exception:  # only used to hide image-provided env from the displayed command
+        return []
+
+
+def refusal(
+    plan: FixPlan, tags: tuple[str, ...], policy: Policy, settings: Settings, confirmed: bool
+) -> str | None:
+    """Why this fix may not run now, or None. `confirmed`: --yes or an interactive yes."""
+    if not confirmed and not policy.allows_unattended(plan.incident, tags):
+        return (
+            "--apply needs --yes (or an interactive confirmation), or a policy that allows "
+            f"unattended {plan.incident} fixes on this host's tags {list(tags)}"
+        )
+    recent = applied_within(settings.state_path, timedelta(hours=1))
+    if recent >= policy.max_fixes_per_hour:
+        return (
+            f"blast-radius limit: {recent} fixes applied in the last hour (policy allows "
+            f"{policy.max_fixes_per_hour}); wait, or raise max_fixes_per_hour"
+        )
+    return None
+
+
+def execute(target: Target, prepared: Prepared, settings: Settings) -> Outcome:
+    plan = prepared.plan
+    if plan is None:
+        raise FixError("nothing to apply: the diagnosis has no safe automatic fix")
+    journal = Journal(settings.state_path, target.name, plan.container)
+    with (
+        container_lock(settings.state_path, target.name, plan.container),
+        engine_session(target, settings) as engine,
+    ):
+        current = engine.inspect(plan.container)
+        if current.get("Id") != plan.container_id:
+            raise FixError(
+                f"{plan.container} changed since it was planned (new container "
+                f"{str(current.get('Id'))[:12]}); plan again"
+            )
+        audit(
+            settings.state_path,
+            "apply",
+            host=target.name,
+            container=plan.container,
+            incident=plan.incident,
+            before=list(plan.docker_run_before),
+            after=list(plan.docker_run_after),
+            bundle=prepared.bundle,
+        )
+        # The journal keeps a redacted snapshot: enough to restore by hand, no secrets on disk.
+        outcome = apply_plan(engine, plan, settings, journal, redact_json(current))
+        audit(
+            settings.state_path,
+            "outcome",
+            host=target.name,
+            container=plan.container,
+            incident=plan.incident,
+            outcome=outcome.status,
+            message=outcome.message,
+            checks=[c.model_dump() for c in outcome.checks],
+        )
+        removed = cleanup_backups(engine, journal, settings, now())
+        if removed:
+            audit(settings.state_path, "cleanup", host=target.name, removed=removed)
+    return outcome
+
+
+def rollback(target: Target, container: str, settings: Settings) -> Outcome:
+    container = container_name(container)
+    journal = Journal(settings.state_path, target.name, container)
+    with (
+        container_lock(settings.state_path, target.name, container),
+        engine_session(target, settings) as engine,
+    ):
+        recovered = recover(engine, journal)
+        if recovered is not None:
+            return recovered
+        outcome = manual_rollback(engine, journal, now())
+    audit(
+        settings.state_path,
+        "rollback",
+        host=target.name,
+        container=container,
+        outcome=outcome.status,
+        message=outcome.message,
+    )
+    return outcome
+
+
+def render_plan(prepared: Prepared) -> str:
+    d, plan = prepared.diagnosis, prepared.plan
+    lines = []
+    if prepared.recovered is not None:
+        lines.append(f"recovered: {prepared.recovered.message}")
+    lines.append(f"diagnosis: {d.incident} (confidence {d.confidence:.2f})")
+    lines.append(f"  {d.summary}")
+    for ln in d.evidence[:4]:
+        lines.append(f"  {ln.source}:{ln.line}: {ln.text.strip()[:200]}")
+    lines.append(f"  bundle: {prepared.bundle}")
+    if plan is None:
+        if d.fix is not None and d.fix.steps:
+            lines.append("no safe automatic fix; what a person should do:")
+            lines.extend(f"  - {s}" for s in d.fix.steps)
+        else:
+            lines.append("nothing to fix.")
+        return "\n".join(lines)
+    lines.append(f"plan for {plan.host}/{plan.container}:")
+    lines.append("  docker run (effective command; - removed, + added):")
+    lines.extend(f"    {line}" for line in plan.diff)
+    lines.append("  steps:")
+    lines.extend(f"    {i}. {s}" for i, s in enumerate(plan.steps, 1))
+    return "\n".join(lines)
+
+
+def render_outcome(outcome: Outcome) -> str:
+    lines = [f"outcome: {outcome.status}: {outcome.message}"]
+    lines.extend(f"  [{'ok' if c.ok else 'FAIL'}] {c.name}: {c.detail}" for c in outcome.checks)
+    return "\n".join(lines)
+
+
+def plan_json(prepared: Prepared) -> str:
+    data = {
+        "bundle": prepared.bundle,
+        "incident": prepared.diagnosis.incident,
+        "plan": prepared.plan.model_dump(mode="json", exclude={"spec"}) if prepared.plan else None,
+    }
+    return json.dumps(data, indent=2)
