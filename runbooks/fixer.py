@@ -139,10 +139,29 @@ def execute(target: Target, prepared: Prepared, settings: Settings) -> Outcome:
             message=outcome.message,
             checks=[c.model_dump() for c in outcome.checks],
         )
+        if outcome.status != "fixed":
+            outcome = outcome.model_copy(
+                update={"message": outcome.message + _hint(outcome.message)}
+            )
         removed = cleanup_backups(engine, journal, settings, now())
         if removed:
             audit(settings.state_path, "cleanup", host=target.name, removed=removed)
     return outcome
+
+
+def _hint(message: str) -> str:
+    """What the failure itself points at (e.g. the toolkit-missing error when --gpus fails)."""
+    from runbooks.fixes import MANUAL
+    from runbooks.logscan import scan_text, signature
+    from runbooks.taxonomy import Incident
+
+    hits = scan_text(message, "outcome").hits
+    causes = [signature(sid) for sid in hits if signature(sid).role == "cause"]
+    if not causes:
+        return ""
+    best = max(causes, key=lambda sig: sig.weight)
+    steps = MANUAL.get(Incident(best.incident), ())
+    return f". The failure points at {best.incident}" + (f": {steps[0]}" if steps else "")
 
 
 def rollback(target: Target, container: str, settings: Settings) -> Outcome:

@@ -289,3 +289,53 @@ def test_bundle_symlinks_are_not_followed(tmp_path: Path) -> None:
     (root / "trigger.txt").symlink_to(secret)
     assert classify_path(root).incident != "shm-too-small"
     shutil.rmtree(root)
+
+
+FIXTURES = Path(__file__).parent / "fixtures"
+
+
+def test_smi_err_fields_with_exit_zero_are_a_hardware_fault(tmp_path: Path) -> None:
+    smi = (FIXTURES / "nvidia-smi/err-a100-gsp-fragment.txt").read_text()
+    write_bundle(tmp_path, {"nvidia-smi.txt": smi})
+    d = classify_path(tmp_path)
+    assert d.incident == "gpu-hardware-fault"
+    assert any("ERR!" in ln.text for ln in d.evidence)
+
+
+def test_mig_format_xid_lines_are_read(tmp_path: Path) -> None:
+    dmesg = (FIXTURES / "dmesg/xid94-95-mig-nvidia-doc.txt").read_text()
+    write_bundle(tmp_path, {"dmesg.txt": dmesg})
+    d = classify_path(tmp_path)
+    assert d.incident == "gpu-hardware-fault"
+    assert any("GPU-I:05" in ln.text for ln in d.evidence)
+
+
+def test_old_xid_before_the_workload_started_is_context(tmp_path: Path) -> None:
+    # Real `dmesg -T` lines from 2024 (Xid 94 among them); the workload ran in 2025.
+    dmesg = (FIXTURES / "dmesg/xid43-31-94-ctime.txt").read_text()
+    inspect = {
+        "Name": "/train",
+        "Config": {"Image": "pytorch/pytorch:2.3.0-cuda12.1-cudnn8-runtime"},
+        "HostConfig": {
+            "DeviceRequests": [{"Count": -1, "Capabilities": [["gpu"]]}],
+            "ShmSize": 67108864,
+        },
+        "State": {
+            "Running": False,
+            "ExitCode": 1,
+            "StartedAt": "2025-06-01T10:00:00.000000000Z",
+            "FinishedAt": "2025-06-01T11:00:00.000000000Z",
+        },
+    }
+    log = "RuntimeError: DataLoader worker (pid 7) is killed by signal: Bus error.\n"
+    write_bundle(
+        tmp_path,
+        {
+            "dmesg.txt": dmesg,
+            "containers/train.inspect.json": json.dumps(inspect),
+            "containers/train.log": log,
+        },
+    )
+    d = classify_path(tmp_path)
+    assert d.incident == "shm-too-small", d
+    assert "gpu-hardware-fault" not in d.secondary and "cuda-illegal-access" not in d.secondary
