@@ -122,7 +122,9 @@ def _build(raw: dict[str, dict[str, Any]], path: Path) -> Inventory:
         except TypeError as exc:
             raise InputError(f"inventory {path}: host {str(name)!r}: {exc}") from None
     for host in hosts.values():
-        if host.jump and "@" not in host.jump and ":" not in host.jump and host.jump not in hosts:
+        # A bare name must be an inventory host; user@host[:port] or a dotted name is external.
+        external = host.jump is not None and any(ch in host.jump for ch in "@:.")
+        if host.jump and not external and host.jump not in hosts:
             raise InputError(
                 f"inventory {path}: host {host.name!r}: jump host {host.jump!r} "
                 "is not in the inventory"

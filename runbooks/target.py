@@ -36,7 +36,7 @@ def resolve_target(spec: str, inventory: Inventory | None) -> Target:
             raise InputError(f"invalid target {spec!r}: expected ssh://user@host[:port]")
         address = names.host_address(url.hostname)
         host = Host(
-            name=address.replace(":", "_"),
+            name=address if ":" not in address else "ipv6-" + address.replace(":", "-").strip("-"),
             address=address,
             port=url_port or 22,
             user=names.user_name(url.username) if url.username else None,
