@@ -6,7 +6,9 @@ whether policy allows it) stay in the pure modules; this module only sequences I
 
 from __future__ import annotations
 
+import contextlib
 import json
+from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
 
@@ -20,6 +22,7 @@ from runbooks.names import container_name
 from runbooks.policy import Policy
 from runbooks.recreate import Outcome, apply_plan, cleanup_backups, manual_rollback, recover
 from runbooks.redact import redact_json
+from runbooks.remote.docker import DockerEngine
 from runbooks.settings import Settings
 from runbooks.target import Target
 
@@ -32,11 +35,11 @@ class Prepared(Frozen):
     inspect: dict[str, Any] = {}
 
 
-def prepare(
-    target: Target, container: str, settings: Settings, trigger: str | None = None
-) -> Prepared:
-    """Finish any interrupted fix, then collect, classify and plan (changes nothing else)."""
-    container = container_name(container)
+@contextlib.contextmanager
+def _locked(
+    target: Target, container: str, settings: Settings
+) -> Iterator[tuple[DockerEngine, Journal, Outcome | None]]:
+    """The container's fix lock and an engine, after finishing any interrupted fix (audited)."""
     journal = Journal(settings.state_path, target.name, container)
     with (
         container_lock(settings.state_path, target.name, container),
@@ -52,6 +55,15 @@ def prepare(
                 outcome=recovered.status,
                 message=recovered.message,
             )
+        yield engine, journal, recovered
+
+
+def prepare(
+    target: Target, container: str, settings: Settings, trigger: str | None = None
+) -> Prepared:
+    """Finish any interrupted fix, then collect, classify and plan (changes nothing else)."""
+    container = container_name(container)
+    with _locked(target, container, settings) as (engine, _journal, recovered):
         inspect = engine.inspect(container)
         image_id = engine.image_id(str((inspect.get("Config") or {}).get("Image") or ""))
         image_env = _image_env(engine, str(inspect.get("Image") or ""))
@@ -166,12 +178,7 @@ def _hint(message: str) -> str:
 
 def rollback(target: Target, container: str, settings: Settings) -> Outcome:
     container = container_name(container)
-    journal = Journal(settings.state_path, target.name, container)
-    with (
-        container_lock(settings.state_path, target.name, container),
-        engine_session(target, settings) as engine,
-    ):
-        recovered = recover(engine, journal)
+    with _locked(target, container, settings) as (engine, journal, recovered):
         if recovered is not None:
             return recovered
         outcome = manual_rollback(engine, journal, now())

@@ -291,6 +291,19 @@ def cli_env(lab: LabState, settings: Settings, **extra: str) -> dict[str, str]:
     }
 
 
+def run_cli(
+    lab: LabState, settings: Settings, *args: str, **env: str
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*CLI, *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        stdin=subprocess.DEVNULL,
+        env=cli_env(lab, settings, **env),
+    )
+
+
 def test_apply_without_yes_is_refused_and_changes_nothing(
     fix_settings: Settings, make_container, container_name: str, lab: LabState, gpu_engine
 ) -> None:
@@ -397,23 +410,20 @@ def test_fix_killed_at_every_step_is_finished_or_rolled_back(
     )
     time.sleep(1)
     data = volume_text(gpu_engine, volume)
-    env = cli_env(lab, fix_settings)
-    killed = subprocess.run(
-        [*CLI, "fix", "gpu-healthy", "--container", container_name, "--apply", "--yes"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={**env, "CUDAMEDIC_CRASH_AT": boundary},
+    killed = run_cli(
+        lab,
+        fix_settings,
+        "fix",
+        "gpu-healthy",
+        "--container",
+        container_name,
+        "--apply",
+        "--yes",
+        CUDAMEDIC_CRASH_AT=boundary,
     )
     assert killed.returncode == -9, (boundary, killed.stdout, killed.stderr)
     # The next run (a dry run here) finishes or rolls back the interrupted fix first.
-    again = subprocess.run(
-        [*CLI, "fix", "gpu-healthy", "--container", container_name],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=env,
-    )
+    again = run_cli(lab, fix_settings, "fix", "gpu-healthy", "--container", container_name)
     assert again.returncode == 0, again.stderr
     assert "recovered:" in again.stdout or (boundary == "begin" and "recovered" in again.stdout)
     state = invariant(gpu_engine, container_name, volume, data)
@@ -442,22 +452,19 @@ def test_rollback_killed_midway_is_finished_by_the_next_run(
         )
         time.sleep(1)
         data = volume_text(plain_engine, vol.name)
-        env = cli_env(lab, fix_settings)
-        killed = subprocess.run(
-            [*CLI, "fix", "gpu-nohook", "--container", container_name, "--apply", "--yes"],
-            capture_output=True,
-            text=True,
-            timeout=120,
-            env={**env, "CUDAMEDIC_CRASH_AT": boundary},
+        killed = run_cli(
+            lab,
+            fix_settings,
+            "fix",
+            "gpu-nohook",
+            "--container",
+            container_name,
+            "--apply",
+            "--yes",
+            CUDAMEDIC_CRASH_AT=boundary,
         )
         assert killed.returncode == -9, killed.stderr
-        again = subprocess.run(
-            [*CLI, "rollback", "gpu-nohook", "--container", container_name],
-            capture_output=True,
-            text=True,
-            timeout=120,
-            env=env,
-        )
+        again = run_cli(lab, fix_settings, "rollback", "gpu-nohook", "--container", container_name)
         assert again.returncode == 0, again.stderr
         assert invariant(plain_engine, container_name, vol.name, data) == "old"
     finally:
@@ -477,23 +484,20 @@ def test_engine_restarted_mid_fix_is_rolled_back(
     )
     time.sleep(1)
     data = volume_text(gpu_engine, volume)
-    env = cli_env(lab, fix_settings)
-    killed = subprocess.run(
-        [*CLI, "fix", "gpu-healthy", "--container", container_name, "--apply", "--yes"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={**env, "CUDAMEDIC_CRASH_AT": "start:done"},
+    killed = run_cli(
+        lab,
+        fix_settings,
+        "fix",
+        "gpu-healthy",
+        "--container",
+        container_name,
+        "--apply",
+        "--yes",
+        CUDAMEDIC_CRASH_AT="start:done",
     )
     assert killed.returncode == -9
     restart_engine(lab, "gpu")  # the new container (restart=always) comes back by itself
-    again = subprocess.run(
-        [*CLI, "fix", "gpu-healthy", "--container", container_name],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=env,
-    )
+    again = run_cli(lab, fix_settings, "fix", "gpu-healthy", "--container", container_name)
     assert again.returncode == 0, again.stderr
     assert invariant(gpu_engine, container_name, volume, data) == "old"
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 import re
 from datetime import datetime
 
-from runbooks.evidence.nvidia_smi import MAX_SCAN_CHARS, cite, looks_binary, split_lines
+from runbooks.evidence.text import MAX_SCAN_CHARS, binary_input, cite, looks_binary, split_lines
 from runbooks.model import Finding, Frozen, Line
 
 
@@ -210,14 +210,7 @@ def parse_kernel_log(text: str, source: str = "dmesg.txt") -> KernelLogFacts:
         )
     findings: list[Finding] = []
     if looks_binary(text):
-        findings.append(
-            Finding(
-                code="binary-input",
-                message="file contains control characters or NUL bytes",
-                source=source,
-                severity="warning",
-            )
-        )
+        findings.append(binary_input(source))
     lines = split_lines(text)
     stripped: list[tuple[_Stamp, str] | None] = []
     previous = _Stamp()

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import re
 
-from runbooks.evidence.nvidia_smi import MAX_SCAN_CHARS, cite, looks_binary, split_lines
+from runbooks.evidence.text import MAX_SCAN_CHARS, binary_input, cite, looks_binary, split_lines
 from runbooks.model import Finding, Frozen, Line
 
 
@@ -168,14 +168,7 @@ def parse_nccl_tests(text: str, source: str = "nccl-tests.txt") -> NcclTestFacts
         )
     findings: list[Finding] = []
     if looks_binary(text):
-        findings.append(
-            Finding(
-                code="binary-input",
-                message="file contains control characters or NUL bytes",
-                source=source,
-                severity="warning",
-            )
-        )
+        findings.append(binary_input(source))
     collective: str | None = None
     binary_hint: str | None = None
     header: Line | None = None

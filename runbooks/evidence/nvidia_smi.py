@@ -29,14 +29,19 @@ import re
 import xml.etree.ElementTree as ET  # size-capped; DOCTYPE internal subsets/ENTITY refused
 from typing import Literal
 
+from runbooks.evidence.text import (
+    MAX_SCAN_CHARS,
+    binary_input,
+    cite,
+    looks_binary,
+    split_lines,
+)
 from runbooks.model import Finding, Frozen, Line
 
 SmiStatus = Literal[
     "ok", "driver-not-loaded", "library-mismatch", "no-devices", "not-found", "error", "empty"
 ]
 
-MAX_LINE_CHARS = 2000  # text kept for a cited line
-MAX_SCAN_CHARS = 100_000  # longer lines are cited, never parsed: keeps every regex cheap
 MAX_XML_CHARS = 20_000_000  # an 8-GPU `-q -x` is ~200 kB; anything near this is not nvidia-smi
 
 
@@ -170,29 +175,6 @@ class SmiXmlFacts(Frozen):
 
 
 # --------------------------------------------------------------------------------- helpers
-
-_CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\ufffd]")
-
-
-def split_lines(text: str) -> list[str]:
-    """Split on ``\\n`` only (not ``str.splitlines``), so line numbers match ``wc -l``/editors
-    even when binary junk contains form feeds or other separators; drop a trailing ``\\r``."""
-    parts = text.split("\n")
-    if parts and parts[-1] == "":
-        parts.pop()
-    return [p[:-1] if p.endswith("\r") else p for p in parts]
-
-
-def looks_binary(text: str) -> bool:
-    sample = text[:65536]
-    if not sample:
-        return False
-    return "\x00" in sample or len(_CONTROL.findall(sample)) > max(8, len(sample) // 100)
-
-
-def cite(source: str, number: int, text: str) -> Line:
-    return Line(source=source, line=number, text=text[:MAX_LINE_CHARS].rstrip())
-
 
 _BUS_ID = re.compile(
     r"(?P<dom>[0-9A-Fa-f]{4,8}):(?P<bus>[0-9A-Fa-f]{2}):(?P<dev>[0-9A-Fa-f]{2})\.(?P<fn>[0-7])"
@@ -355,14 +337,7 @@ def parse_nvidia_smi(text: str, source: str = "nvidia-smi.txt") -> SmiFacts:
     if not text.strip():
         return SmiFacts(source=source, status="empty")
     if looks_binary(text):
-        findings.append(
-            Finding(
-                code="binary-input",
-                message="file contains control characters or NUL bytes; not nvidia-smi text",
-                source=source,
-                severity="warning",
-            )
-        )
+        findings.append(binary_input(source, "not nvidia-smi text"))
 
     lines = split_lines(text)
     gpus: list[SmiGpu] = []
