@@ -370,3 +370,18 @@ MEASURE = (
 
 def gpu_log_path(lab: LabState, cid: str) -> Path:
     return Path(lab.engines["gpu"].socket).parent / "data" / "containers" / cid / f"{cid}-json.log"
+
+
+def test_collect_through_a_jump_host(settings: Settings, lab: LabState, tmp_path: Path) -> None:
+    """ProxyJump: reach gpu-xid79 through gpu-healthy's sshd (a direct-tcpip channel)."""
+    inv = load_inventory(Path(lab.inventory))
+    jump = inv.get("gpu-healthy")
+    host = inv.get("gpu-xid79").model_copy(update={"jump": "gpu-healthy"})
+    jump_log = Path(lab.hosts["gpu-healthy"].data).parent / "sshd.log"
+    logins_before = jump_log.read_text().count("Accepted publickey")
+    bundle = collect(Target(kind="ssh", name="via-jump", host=host, jump=jump), settings)
+    meta = meta_of(bundle)
+    assert source(meta, "nvidia-smi").status == "ok"
+    assert "fallen off the bus" in (bundle / "dmesg.txt").read_text()  # gpu-xid79's own log
+    # Exactly one login on the jump host: the hop (the commands ran on gpu-xid79).
+    assert jump_log.read_text().count("Accepted publickey") == logins_before + 1
