@@ -58,10 +58,33 @@ def cmd_collect(args: argparse.Namespace) -> int:
         return str(write_tar(path) if args.tar else path)
 
     # Hosts are independent: collect them at once, each bounded by its own timeouts.
+    unreachable = 0
     with concurrent.futures.ThreadPoolExecutor(max_workers=min(16, len(targets))) as pool:
         for path in pool.map(one, targets):
             print(path)
+            if _unreachable(Path(path)):
+                unreachable += 1
+    if unreachable:
+        print(
+            f"cudamedic: {unreachable} target(s) could not be reached; see bundle.json",
+            file=sys.stderr,
+        )
+        return 3
     return 0
+
+
+def _unreachable(bundle: Path) -> bool:
+    """Did the bundle's collection fail to reach its host at all?"""
+    import json
+
+    meta = bundle / "bundle.json"
+    if not meta.exists():  # a .tar.gz: the directory beside it holds the same bundle.json
+        meta = bundle.with_name(bundle.name.removesuffix(".tar.gz")) / "bundle.json"
+    try:
+        findings = json.loads(meta.read_text()).get("findings", [])
+    except (OSError, ValueError):
+        return False
+    return any(f.get("code") == "target-unreachable" for f in findings)
 
 
 def cmd_classify(args: argparse.Namespace) -> int:

@@ -142,6 +142,22 @@ def test_unreachable_host_is_a_finding(settings: Settings) -> None:
     assert ssh.status == "error" and "refused" in (ssh.error or "").lower()
     assert any(f.code == "target-unreachable" for f in meta.findings)
     assert source(meta, "nvidia-smi").status == "error"
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "runbooks.cli",
+            "collect",
+            f"ssh://root@127.0.0.1:{port}",
+            "--out",
+            str(settings.out_dir),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 3 and "could not be reached" in proc.stderr
+    assert Path(proc.stdout.strip()).is_dir()  # the bundle with the finding is still written
 
 
 def test_hanging_command_times_out_and_others_complete(settings: Settings) -> None:
