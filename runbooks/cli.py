@@ -101,10 +101,19 @@ def cmd_classify(args: argparse.Namespace) -> int:
 
 
 def cmd_fix(args: argparse.Namespace) -> int:
-    from runbooks.fixer import execute, prepare, refusal, render_outcome, render_plan
+    from runbooks.fixer import (
+        execute,
+        prepare,
+        refusal,
+        render_outcome,
+        render_plan,
+        write_postmortem,
+    )
+    from runbooks.journal import now
     from runbooks.policy import load_policy
     from runbooks.target import resolve_target
 
+    started = now()
     settings = _settings(args, policy=args.policy)
     target = resolve_target(args.target, _inventory(settings))
     policy = load_policy(settings.policy)
@@ -123,6 +132,8 @@ def cmd_fix(args: argparse.Namespace) -> int:
         return 4
     outcome = execute(target, prepared, settings)
     print(render_outcome(outcome))
+    report = write_postmortem(prepared, outcome, settings, target.name, started, args.trigger)
+    print(f"report: {report}")
     return {"fixed": 0, "recovered": 0, "rolled-back": 5}.get(outcome.status, 6)
 
 

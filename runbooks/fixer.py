@@ -9,19 +9,20 @@ from __future__ import annotations
 import contextlib
 import json
 from collections.abc import Iterator
-from datetime import timedelta
+from datetime import datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 from runbooks.classify import classify_path
 from runbooks.collect import collect, engine_session
 from runbooks.errors import FixError
 from runbooks.fixes import plan_fix
-from runbooks.journal import Journal, applied_within, audit, container_lock, now
+from runbooks.journal import Journal, applied_within, audit, container_lock, now, who
 from runbooks.model import Diagnosis, FixPlan, Frozen
 from runbooks.names import container_name
 from runbooks.policy import Policy
 from runbooks.recreate import Outcome, apply_plan, cleanup_backups, manual_rollback, recover
-from runbooks.redact import redact_json
+from runbooks.redact import redact_json, redact_text
 from runbooks.remote.docker import DockerEngine
 from runbooks.settings import Settings
 from runbooks.target import Target
@@ -231,3 +232,69 @@ def plan_json(prepared: Prepared) -> str:
         "plan": prepared.plan.model_dump(mode="json", exclude={"spec"}) if prepared.plan else None,
     }
     return json.dumps(data, indent=2)
+
+
+def write_postmortem(
+    prepared: Prepared,
+    outcome: Outcome,
+    settings: Settings,
+    host: str,
+    started: datetime,
+    trigger: str | None = None,
+) -> Path:
+    """Render the post-mortem of a fix to OUT_DIR/reports/ and return its path."""
+    from reports.render import CheckResult, PostMortem, TimelineEvent, render_markdown, report_name
+
+    d, plan = prepared.diagnosis, prepared.plan
+    container = plan.container if plan else d.container
+    timeline = [
+        TimelineEvent(at=started, event="fix started", detail=f"cudamedic fix by {who()}"),
+        TimelineEvent(at=started, event="evidence collected", detail=f"bundle {prepared.bundle}"),
+        TimelineEvent(
+            at=started, event="diagnosed", detail=f"{d.incident} (confidence {d.confidence:.2f})"
+        ),
+    ]
+    if container:
+        records = Journal(settings.state_path, host, container).current()
+        for r in records:
+            try:
+                at = datetime.fromisoformat(str(r.get("at")))
+            except ValueError:
+                continue
+            detail = str(r.get("reason") or r.get("to") or r.get("id") or "")[:200]
+            timeline.append(TimelineEvent(at=at, event=f"journal: {r.get('step')}", detail=detail))
+    ended = now()
+    timeline.append(TimelineEvent(at=ended, event=f"outcome: {outcome.status}"))
+    if outcome.status == "fixed":
+        actions = [
+            f"Watch {container}'s next run; the backup {outcome.backup} is kept for "
+            f"{settings.fix_backup_retention_h:g} h (`cudamedic rollback` restores it).",
+            "Fix the launch configuration at its source (compose file, job template) so "
+            "the next deployment does not bring the problem back.",
+        ]
+    else:
+        actions = list(d.fix.steps) if d.fix is not None else []
+        actions.insert(0, f"Read the outcome: {outcome.message}")
+    pm = PostMortem(
+        host=host,
+        container=container,
+        incident=d.incident,
+        confidence=d.confidence,
+        summary=redact_text(d.summary),
+        trigger=redact_text(trigger) if trigger else None,
+        started_at=started,
+        ended_at=ended,
+        outcome=outcome.status,
+        outcome_detail=redact_text(outcome.message),
+        evidence=d.evidence,
+        secondary=d.secondary,
+        docker_run_diff=plan.diff if plan else (),
+        checks=tuple(CheckResult(name=c.name, ok=c.ok, detail=c.detail) for c in outcome.checks),
+        timeline=tuple(sorted(timeline, key=lambda e: e.at)),
+        action_items=tuple(redact_text(a) for a in actions),
+        bundle=prepared.bundle,
+    )
+    path = settings.out_dir / "reports" / report_name(pm)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(render_markdown(pm), encoding="utf-8")
+    return path

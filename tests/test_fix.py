@@ -527,3 +527,36 @@ def test_manual_rollback_restores_the_backup(
     assert current.id == original.id and current.status == "running"
     replaced = [n for n in names_like(gpu_engine, container_name) if "-replaced-" in n]
     assert len(replaced) == 1  # kept, stopped: nothing is lost
+
+
+def test_cli_fix_writes_a_redacted_post_mortem(
+    fix_settings: Settings, make_container, container_name: str, lab: LabState
+) -> None:
+    from docker.types import DeviceRequest
+
+    secret = "hf_ZZtopSecretTokenValue0123456789abcd"
+    c = make_container(
+        container_name,
+        SHM_WORKLOAD.replace(DATA_CMD, ""),
+        environment={"HF_TOKEN": secret},
+        device_requests=[DeviceRequest(count=-1, capabilities=[["gpu"]])],
+    )
+    wait_exit(c)
+    proc = run_cli(
+        lab,
+        fix_settings,
+        "fix",
+        "gpu-healthy",
+        "--container",
+        container_name,
+        "--apply",
+        "--yes",
+        "--trigger",
+        f"it died; token {secret}",
+    )
+    assert proc.returncode == 0, proc.stderr
+    report = Path(proc.stdout.strip().splitlines()[-1].removeprefix("report: "))
+    text = report.read_text()
+    assert "| Outcome | **fixed** |" in text and "+ --shm-size 8g" in text
+    assert "journal: verified" in text
+    assert secret not in text and secret not in proc.stdout

@@ -1,0 +1,91 @@
+"""Post-mortem reports: a pydantic model of one incident, rendered to Markdown with Jinja2 (PURE).
+
+The template (reports/templates/postmortem.md.j2) follows a blameless post-mortem: summary,
+impact, root cause, trigger, detection, resolution, timeline, action items, evidence appendix.
+StrictUndefined: a missing field is an error, never an empty placeholder. Input text is data —
+Jinja2 never evaluates it — and evidence goes inside code fences longer than any backtick run it
+holds, so a pasted log cannot break the report's structure.
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import datetime
+from functools import cache
+
+import jinja2
+
+from runbooks.model import Frozen, Line
+
+
+class TimelineEvent(Frozen):
+    at: datetime
+    event: str
+    detail: str = ""
+
+
+class CheckResult(Frozen):
+    name: str
+    ok: bool
+    detail: str = ""
+
+
+class PostMortem(Frozen):
+    host: str
+    container: str | None = None
+    incident: str
+    confidence: float
+    summary: str
+    trigger: str | None = None
+    detected_by: str = "cudamedic fix"
+    started_at: datetime
+    ended_at: datetime
+    outcome: str  # fixed | rolled-back | rollback-failed | not-fixed | ...
+    outcome_detail: str = ""
+    evidence: tuple[Line, ...] = ()
+    secondary: tuple[str, ...] = ()
+    docker_run_diff: tuple[str, ...] = ()
+    checks: tuple[CheckResult, ...] = ()
+    timeline: tuple[TimelineEvent, ...] = ()
+    action_items: tuple[str, ...] = ()
+    links: dict[str, str] = {}
+    bundle: str | None = None
+
+    @property
+    def duration_s(self) -> float:
+        return (self.ended_at - self.started_at).total_seconds()
+
+
+def fence(text: str) -> str:
+    """A code fence longer than any run of backticks inside `text`."""
+    longest = max((len(m) for m in re.findall(r"`+", text)), default=0)
+    return "`" * max(3, longest + 1)
+
+
+def one_line(text: str) -> str:
+    return " ".join(text.split())
+
+
+@cache
+def _env() -> jinja2.Environment:
+    env = jinja2.Environment(
+        loader=jinja2.PackageLoader("reports", "templates"),
+        undefined=jinja2.StrictUndefined,
+        autoescape=False,  # noqa: S701 - Markdown, not HTML; HTML/Slack renderers escape
+        keep_trailing_newline=True,
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
+    env.filters["fence"] = fence
+    env.filters["one_line"] = one_line
+    return env
+
+
+def render_markdown(pm: PostMortem) -> str:
+    return _env().get_template("postmortem.md.j2").render(pm=pm)
+
+
+def report_name(pm: PostMortem) -> str:
+    stamp = pm.started_at.strftime("%Y%m%dT%H%M%SZ")
+    who = f"{pm.host}-{pm.container}" if pm.container else pm.host
+    return f"{stamp}-{who}-{pm.incident}.md"

@@ -1,0 +1,99 @@
+"""Post-mortem rendering: pure, golden-file tested, and inert to whatever text it carries."""
+
+from __future__ import annotations
+
+import os
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import jinja2
+import pytest
+
+from reports.render import CheckResult, PostMortem, TimelineEvent, render_markdown, report_name
+from runbooks.model import Line
+
+GOLDEN = Path(__file__).parent / "fixtures" / "reports"
+T0 = datetime(2026, 12, 2, 10, 0, 0, tzinfo=UTC)
+
+
+def sample(**over: object) -> PostMortem:
+    data: dict[str, object] = dict(
+        host="node07",
+        container="train",
+        incident="shm-too-small",
+        confidence=0.92,
+        summary="/dev/shm is too small for DataLoader workers.",
+        trigger="RuntimeError: DataLoader worker (pid 3185) is killed by signal: Bus error.",
+        started_at=T0,
+        ended_at=T0 + timedelta(seconds=9.5),
+        outcome="fixed",
+        outcome_detail="train recreated with --shm-size 8g; verified",
+        evidence=(
+            Line(source="containers/train.inspect.json", line=142, text='"ShmSize": 67108864,'),
+            Line(
+                source="containers/train.log",
+                line=9,
+                text="dd: error writing '/dev/shm/batch-0': No space left on device",
+            ),
+        ),
+        docker_run_diff=("- --shm-size 64m", "  --name train", "+ --shm-size 8g", "  img"),
+        checks=(
+            CheckResult(name="running", ok=True, detail="status running"),
+            CheckResult(name="shm-size", ok=True, detail="df -k /dev/shm: 8388608 KiB"),
+        ),
+        timeline=(
+            TimelineEvent(at=T0, event="fix started"),
+            TimelineEvent(at=T0 + timedelta(seconds=9), event="outcome: fixed"),
+        ),
+        action_items=("Fix the job template.",),
+        bundle="bundles/node07-train-20261202T100000Z",
+    )
+    data.update(over)
+    return PostMortem.model_validate(data)
+
+
+@pytest.mark.parametrize(
+    "name, over",
+    [
+        ("fixed", {}),
+        (
+            "rolled-back",
+            {
+                "outcome": "rolled-back",
+                "docker_run_diff": (),
+                "trigger": None,
+                "checks": (CheckResult(name="gpus-visible", ok=False, detail="0 GPUs"),),
+                "action_items": (),
+            },
+        ),
+    ],
+)
+def test_golden(name: str, over: dict[str, object]) -> None:
+    text = render_markdown(sample(**over))
+    golden = GOLDEN / f"postmortem-{name}.md"
+    if os.environ.get("CUDAMEDIC_REGEN_GOLDEN") == "1":
+        golden.write_text(text)
+    assert text == golden.read_text()
+
+
+def test_hostile_text_stays_inert() -> None:
+    evil = "{{ 7*7 }} {% for x in range(3) %}x{% endfor %} ``` # Heading\n| a | b |"
+    text = render_markdown(
+        sample(
+            trigger=evil,
+            summary=evil,
+            evidence=(Line(source="containers/train.log", line=1, text=evil),),
+        )
+    )
+    assert "{{ 7*7 }}" in text and "49" not in text
+    assert "````text\n" + evil in text  # fenced longer than the ``` inside
+
+
+def test_missing_field_is_an_error_not_a_placeholder() -> None:
+    env = jinja2.Environment(undefined=jinja2.StrictUndefined)
+    with pytest.raises(jinja2.UndefinedError):
+        env.from_string("{{ pm.nope }}").render(pm={})
+
+
+def test_report_name() -> None:
+    assert report_name(sample()) == "20261202T100000Z-node07-train-shm-too-small.md"
