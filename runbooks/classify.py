@@ -169,6 +169,10 @@ def render_text(d: Diagnosis) -> str:
             out.append(f"  {where}: {ln.text.strip()[:300]}")
     if d.secondary:
         out.append(f"secondary:  {', '.join(d.secondary)}")
+    warnings = [f for f in d.findings if f.severity != "info"]
+    if warnings:
+        out.append("findings:")
+        out.extend(f"  [{f.severity}] {f.code}: {f.message}" for f in warnings[:10])
     if d.fix is not None:
         if d.fix.safe:
             out.append(f"fix (safe, automatic): recreate {d.fix.container} with")

@@ -173,6 +173,11 @@ def gather(bundle: Bundle) -> Facts:
         facts.toolkit = text.strip() or None
     if (text := files.get("commands/lsmod-nvidia.txt")) is not None:
         facts.lsmod = text
+    if facts.toolkit_missing:
+        facts.findings.append(Finding(
+            code="container-toolkit-not-found", source="commands/container-toolkit.txt",
+            severity="warning", message="neither nvidia-ctk nor nvidia-container-cli is on the "
+            "host: containers cannot be given GPUs"))
     for rel in ("commands/ulimit-a.txt", "commands/ulimit.txt"):
         if (text := files.get(rel)) is not None:
             facts.host_ulimits = parse_ulimit(text, rel)
