@@ -74,8 +74,14 @@ class Facts(BaseModel):
     ssh_error: str | None = None
     findings: list[Finding] = []
 
-    def origin_of(self, source: str) -> Origin:
-        return origin_of(source)
+    @property
+    def host_gpu_count(self) -> int:
+        """GPUs the host's nvidia-smi (table, else XML) lists."""
+        if self.smi is not None and self.smi.gpus:
+            return len(self.smi.gpus)
+        if self.smi_xml is not None:
+            return len(self.smi_xml.gpus)
+        return 0
 
     @property
     def incident_time(self) -> datetime | None:
@@ -174,10 +180,15 @@ def gather(bundle: Bundle) -> Facts:
     if (text := files.get("commands/lsmod-nvidia.txt")) is not None:
         facts.lsmod = text
     if facts.toolkit_missing:
-        facts.findings.append(Finding(
-            code="container-toolkit-not-found", source="commands/container-toolkit.txt",
-            severity="warning", message="neither nvidia-ctk nor nvidia-container-cli is on the "
-            "host: containers cannot be given GPUs"))
+        facts.findings.append(
+            Finding(
+                code="container-toolkit-not-found",
+                source="commands/container-toolkit.txt",
+                severity="warning",
+                message="neither nvidia-ctk nor nvidia-container-cli is on the "
+                "host: containers cannot be given GPUs",
+            )
+        )
     for rel in ("commands/ulimit-a.txt", "commands/ulimit.txt"):
         if (text := files.get(rel)) is not None:
             facts.host_ulimits = parse_ulimit(text, rel)

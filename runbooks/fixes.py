@@ -108,14 +108,6 @@ def _target(facts: Facts) -> ContainerFacts | None:
     return with_inspect[0] if with_inspect else None
 
 
-def _gpu_count(facts: Facts) -> int:
-    if facts.smi is not None and facts.smi.gpus:
-        return len(facts.smi.gpus)
-    if facts.smi_xml is not None:
-        return len(facts.smi_xml.gpus)
-    return 0
-
-
 def _intended_devices(c: ContainerFacts) -> tuple[str, ...]:
     """Devices the container was meant to have: label `cudamedic.gpus` or NVIDIA_VISIBLE_DEVICES."""
     assert c.inspect is not None
@@ -135,7 +127,7 @@ def propose_fix(match: Match | None, facts: Facts) -> Fix | None:
         return None
     incident = Incident(match.incident)
     c = _target(facts)
-    gpus = _gpu_count(facts)
+    gpus = facts.host_gpu_count
     manual = MANUAL.get(incident, ())
     if incident == Incident.GPU_HARDWARE_FAULT:
         return Fix(safe=False, steps=_hardware_steps(facts))

@@ -19,7 +19,7 @@ from datetime import timedelta
 
 from runbooks import knowledge
 from runbooks.evidence.nvidia_smi import XmlGpu
-from runbooks.facts import ContainerFacts, Facts, Origin
+from runbooks.facts import ContainerFacts, Facts, Origin, origin_of
 from runbooks.logscan import signature, signatures
 from runbooks.model import Line, Match
 from runbooks.taxonomy import Incident
@@ -72,7 +72,7 @@ def hits(
     allowed = set(origins) if origins is not None else None
     out: list[Line] = []
     for scan in facts.scans:
-        if allowed is not None and facts.origin_of(scan.source) not in allowed:
+        if allowed is not None and origin_of(scan.source) not in allowed:
             continue
         for sid, h in scan.hits.items():
             if sid in wanted:
@@ -166,14 +166,6 @@ def host_has_gpus(facts: Facts) -> bool:
     if facts.smi is not None and facts.smi.status == "ok" and facts.smi.gpus:
         return True
     return bool(facts.smi_xml and facts.smi_xml.gpus)
-
-
-def host_gpu_count(facts: Facts) -> int:
-    if facts.smi is not None and facts.smi.gpus:
-        return len(facts.smi.gpus)
-    if facts.smi_xml is not None:
-        return len(facts.smi_xml.gpus)
-    return 0
 
 
 def recent(facts: Facts, when: object, uptime: float | None = None) -> bool:
@@ -673,7 +665,7 @@ def nccl_slow_transport(facts: Facts) -> Match | None:
     if nccl is not None and measured is not None:
         # The run's own device lines, else the host's nvidia-smi (same node).
         model = nccl.gpu_models[0] if nccl.gpu_models else _host_model(facts)
-        count = nccl.n_ranks or len(nccl.devices) or host_gpu_count(facts)
+        count = nccl.n_ranks or len(nccl.devices) or facts.host_gpu_count
         floor, basis = _floor(model, count)
         if floor is not None and measured < floor:
             line = _nccl_line(nccl, measured)

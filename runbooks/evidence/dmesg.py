@@ -24,7 +24,14 @@ from __future__ import annotations
 import re
 from datetime import datetime
 
-from runbooks.evidence.text import MAX_SCAN_CHARS, binary_input, cite, looks_binary, split_lines
+from runbooks.evidence.text import (
+    MAX_SCAN_CHARS,
+    binary_input,
+    cite,
+    looks_binary,
+    split_lines,
+    too_long,
+)
 from runbooks.model import Finding, Frozen, Line
 
 
@@ -235,14 +242,7 @@ def parse_kernel_log(text: str, source: str = "dmesg.txt") -> KernelLogFacts:
         number = index + 1
         parsed = stripped[index]
         if parsed is None:
-            findings.append(
-                Finding(
-                    code="line-too-long",
-                    message=f"line of {len(line)} characters skipped",
-                    source=source,
-                    line=number,
-                )
-            )
+            findings.append(too_long(source, number, len(line)))
             continue
         if index in consumed:
             continue

@@ -26,7 +26,14 @@ from __future__ import annotations
 
 import re
 
-from runbooks.evidence.text import MAX_SCAN_CHARS, binary_input, cite, looks_binary, split_lines
+from runbooks.evidence.text import (
+    MAX_SCAN_CHARS,
+    binary_input,
+    cite,
+    looks_binary,
+    split_lines,
+    too_long,
+)
 from runbooks.model import Finding, Frozen, Line
 
 
@@ -185,14 +192,7 @@ def parse_nccl_tests(text: str, source: str = "nccl-tests.txt") -> NcclTestFacts
 
     for number, raw in enumerate(split_lines(text), 1):
         if len(raw) > MAX_SCAN_CHARS:
-            findings.append(
-                Finding(
-                    code="line-too-long",
-                    message=f"line of {len(raw)} characters skipped",
-                    source=source,
-                    line=number,
-                )
-            )
+            findings.append(too_long(source, number, len(raw)))
             continue
         body = _PREFIX.sub("", raw, count=1).strip()
         if not body:

@@ -35,6 +35,7 @@ from runbooks.evidence.text import (
     cite,
     looks_binary,
     split_lines,
+    too_long,
 )
 from runbooks.model import Finding, Frozen, Line
 
@@ -368,14 +369,7 @@ def parse_nvidia_smi(text: str, source: str = "nvidia-smi.txt") -> SmiFacts:
 
     for number, line in enumerate(lines, 1):
         if len(line) > MAX_SCAN_CHARS:
-            findings.append(
-                Finding(
-                    code="line-too-long",
-                    message=f"line of {len(line)} characters skipped",
-                    source=source,
-                    line=number,
-                )
-            )
+            findings.append(too_long(source, number, len(line)))
             continue
         if driver is None and (m := _DRIVER.search(line)):
             driver, header = m["v"], cite(source, number, line)

@@ -42,3 +42,13 @@ def binary_input(source: str, what: str = "") -> Finding:
         severity="warning",
         message=f"file contains control characters or NUL bytes{suffix}",
     )
+
+
+def too_long(source: str, number: int, length: int) -> Finding:
+    """The finding for a line longer than MAX_SCAN_CHARS (cited, never parsed)."""
+    return Finding(
+        code="line-too-long",
+        message=f"line of {length} characters skipped",
+        source=source,
+        line=number,
+    )
