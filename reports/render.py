@@ -42,6 +42,7 @@ class PostMortem(Frozen):
     ended_at: datetime
     outcome: str  # fixed | rolled-back | rollback-failed | not-fixed | ...
     outcome_detail: str = ""
+    approval: str | None = None  # who approved (or rejected) the fix, and why
     evidence: tuple[Line, ...] = ()
     secondary: tuple[str, ...] = ()
     docker_run_diff: tuple[str, ...] = ()
@@ -89,3 +90,54 @@ def report_name(pm: PostMortem) -> str:
     stamp = pm.started_at.strftime("%Y%m%dT%H%M%SZ")
     who = f"{pm.host}-{pm.container}" if pm.container else pm.host
     return f"{stamp}-{who}-{pm.incident}.md"
+
+
+# -- the fleet sweep summary ----------------------------------------------------------------------
+class SweepHostRow(Frozen):
+    host: str
+    verdict: str  # healthy | warning | drain
+    codes: tuple[str, ...] = ()
+    incident: str | None = None
+    incident_summary: str | None = None
+    bundle: str | None = None
+    error: str | None = None
+    duration_s: float = 0.0
+
+
+class SweepChange(Frozen):
+    host: str
+    change: str  # new | changed | resolved
+    code: str
+    subject: str = ""
+    level: str | None = None
+    message: str
+
+
+class SweepSummary(Frozen):
+    started_at: datetime
+    ended_at: datetime
+    hosts: tuple[SweepHostRow, ...]
+    changes: tuple[SweepChange, ...] = ()
+    links: dict[str, str] = {}
+
+    @property
+    def duration_s(self) -> float:
+        return (self.ended_at - self.started_at).total_seconds()
+
+    def count(self, verdict: str) -> int:
+        return sum(1 for h in self.hosts if h.verdict == verdict)
+
+
+def cell(text: str) -> str:
+    """Text safe inside one Markdown table cell."""
+    return one_line(text).replace("|", "\\|")
+
+
+def render_sweep(summary: SweepSummary) -> str:
+    env = _env()
+    env.filters["cell"] = cell
+    return env.get_template("sweep.md.j2").render(s=summary)
+
+
+def sweep_report_name(summary: SweepSummary) -> str:
+    return f"{summary.started_at.strftime('%Y%m%dT%H%M%SZ')}-fleet-sweep.md"

@@ -148,6 +148,180 @@ def cmd_rollback(args: argparse.Namespace) -> int:
     return 0 if outcome.status in ("rolled-back", "recovered", "nothing-to-do") else 6
 
 
+def _prefect(args: argparse.Namespace, settings: Settings) -> str:
+    """Point this process at the Prefect API (PREFECT_API_URL, else the embedded local server,
+    started on first use). Must run before prefect is imported."""
+    import os
+
+    from flows.server import configure
+
+    if not getattr(args, "verbose", False):
+        os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
+    return configure(settings)
+
+
+def cmd_triage(args: argparse.Namespace) -> int:
+    from runbooks.journal import who
+
+    from runbooks.runbook import load_runbook
+    from runbooks.target import resolve_target
+
+    settings = _settings(args)
+    if args.container:
+        from runbooks.names import container_name
+
+        container_name(args.container)
+    # Bad input is refused here, before a flow run starts.
+    resolve_target(args.target, _inventory(settings))
+    load_runbook(settings.runbook, "incident")
+    _prefect(args, settings)
+    from flows.triage import triage
+
+    interactive = sys.stdin.isatty() and not args.no_input
+    response = triage(
+        args.target,
+        container=args.container,
+        trigger=args.trigger,
+        apply=args.apply,
+        approved_by=who() if args.yes else None,
+        ask=_confirm if interactive else None,
+        say=print,
+        actor=who(),
+    )
+    print(f"incident:  {response.incident} (confidence {response.confidence:.2f})")
+    where = response.host + (f" / {response.container}" if response.container else "")
+    print(f"where:     {where}")
+    print(f"summary:   {response.summary}")
+    if response.diff:
+        print("fix (docker run; - removed, + added):")
+        print("\n".join(f"  {ln}" for ln in response.diff if ln[:1] in "+-"))
+    print(f"outcome:   {response.outcome}{': ' + response.detail if response.detail else ''}")
+    if response.approval:
+        print(f"approval:  {response.approval}")
+    print(f"report:    {response.report}")
+    if response.flow_run_url:
+        print(f"flow run:  {response.flow_run_url}")
+    return {
+        "fixed": 0,
+        "recovered": 0,
+        "planned": 0,
+        "diagnosed": 0,
+        "needs-a-person": 0,
+        "rejected": 4,
+        "refused": 4,
+        "approval-timed-out": 4,
+        "rolled-back": 5,
+    }.get(response.outcome, 6)
+
+
+def cmd_approve(args: argparse.Namespace) -> int:
+    from runbooks.journal import who
+
+    settings = _settings(args)
+    _prefect(args, settings)
+    from flows.triage import answer
+
+    decision = "reject" if args.reject else "approve"
+    print(answer(args.run_id, decision, args.by or who(), args.reason or ""))
+    return 0
+
+
+def cmd_sweep(args: argparse.Namespace) -> int:
+    from runbooks.errors import InputError
+    from runbooks.runbook import load_runbook
+    from runbooks.sweep import select_hosts
+
+    settings = _settings(args)
+    # Bad input is refused here, before a flow run starts.
+    inventory = _inventory(settings)
+    if inventory is None:
+        raise InputError("a sweep needs an inventory (--inventory or CUDAMEDIC_INVENTORY)")
+    load_runbook(settings.sweep_runbook, "sweep")
+    if not select_hosts(inventory, args.host or None, args.tag or None):
+        raise InputError("no inventory host matches --host/--tag")
+    _prefect(args, settings)
+    from flows.sweep import fleet_health_check
+
+    result = fleet_health_check(
+        inventory=str(args.inventory) if args.inventory else None,
+        hosts=args.host or None,
+        tags=args.tag or None,
+        start_incidents=args.start_incidents,
+        distribute=args.distribute,
+    )
+    verdicts = result.verdicts
+    counts = {v: sum(1 for x in verdicts.values() if x == v) for v in ("drain", "warning")}
+    print(
+        f"{result.hosts} hosts in {result.duration_s:.1f} s: {counts['drain']} drain, "
+        f"{counts['warning']} warning, {result.hosts - sum(counts.values())} healthy"
+    )
+    if not result.changes:
+        print("nothing new, changed or resolved since the last sweep")
+    for c in result.changes:
+        subject = f" ({c.subject})" if c.subject else ""
+        level = f" [{c.level}]" if c.level else ""
+        print(f"  {c.change:8} {c.host}: {c.code}{subject}{level} {c.message[:160]}")
+    for run_id in result.responses:
+        print(f"  incident response started: flow run {run_id}")
+    print(f"report:    {result.report}")
+    if result.flow_run_url:
+        print(f"flow run:  {result.flow_run_url}")
+    return 1 if counts["drain"] and args.fail_on_drain else 0
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    settings = _settings(args)
+    _prefect(args, settings)
+    from flows.serve import serve
+
+    serve(settings)
+    return 0
+
+
+def cmd_server(args: argparse.Namespace) -> int:
+    from flows.server import (
+        ensure_local_server,
+        healthy,
+        local_url,
+        prefect_home,
+        stop_local_server,
+    )
+
+    settings = _settings(args)
+    url = local_url(settings)
+    if args.action == "start":
+        ensure_local_server(settings)
+        print(f"Prefect server: {url} (database under {prefect_home(settings)})")
+    elif args.action == "stop":
+        print("stopped" if stop_local_server(settings) else "no local server was running")
+    else:
+        up = healthy(url)
+        print(f"{url}: {'up' if up else 'down'}")
+        return 0 if up else 1
+    return 0
+
+
+def cmd_breaker(args: argparse.Namespace) -> int:
+    from runbooks.journal import audit, who
+
+    settings = _settings(args)
+    _prefect(args, settings)
+    from flows.incident import read_breaker, reset_breaker
+
+    if args.action == "reset":
+        state = reset_breaker(who())
+        audit(settings.state_path, "breaker-reset", by=who())
+        print(f"circuit breaker reset by {state.reset_by}: unattended fixes may run again")
+        return 0
+    state = read_breaker()
+    if state.tripped:
+        print(f"OPEN since {state.tripped_at}: {state.reason}")
+        print("unattended fixes are held; `cudamedic breaker reset` re-arms it")
+        return 1
+    print(f"closed: {len(state.fixes)} unattended fix(es) in the current window")
+    return 0
+
+
 def _confirm(question: str) -> bool:
     if not sys.stdin.isatty():
         return False
@@ -193,6 +367,58 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--container", required=True)
     p.add_argument("--inventory", type=Path)
     p.set_defaults(func=cmd_rollback)
+
+    p = sub.add_parser(
+        "triage", help="respond to an incident: collect, diagnose, plan, approve, fix, report"
+    )
+    p.add_argument("target", help="'local', an inventory host name, or ssh://user@host[:port]")
+    p.add_argument("--container", help="the broken container (default: every GPU container)")
+    p.add_argument("--trigger", help="the text that triggered this (e.g. a pasted error)")
+    p.add_argument("--apply", action="store_true", help="fix after approval (default: dry run)")
+    p.add_argument("--yes", action="store_true", help="approve up front (with --apply)")
+    p.add_argument(
+        "--no-input", action="store_true", help="never prompt; wait for `cudamedic approve`"
+    )
+    p.add_argument("--inventory", type=Path)
+    p.set_defaults(func=cmd_triage)
+
+    p = sub.add_parser("approve", help="answer a fix that waits for approval")
+    p.add_argument("run_id", help="the flow run id `cudamedic triage` printed")
+    p.add_argument("--reject", action="store_true", help="reject instead of approve")
+    p.add_argument("--by", help="who answers (default: this user@host)")
+    p.add_argument("--reason", help="why")
+    p.set_defaults(func=cmd_approve)
+
+    p = sub.add_parser("sweep", help="check the health of every inventory host once")
+    p.add_argument("--inventory", type=Path)
+    p.add_argument("--host", action="append", help="only this host (repeatable)")
+    p.add_argument("--tag", action="append", help="only hosts with this tag (repeatable)")
+    p.add_argument(
+        "--start-incidents",
+        action="store_true",
+        help="start an incident response (deployment) for each host with news",
+    )
+    p.add_argument(
+        "--distribute", action="store_true", help="run batches on every worker of the pool"
+    )
+    p.add_argument(
+        "--fail-on-drain", action="store_true", help="exit 1 when a host should be drained"
+    )
+    p.set_defaults(func=cmd_sweep)
+
+    p = sub.add_parser(
+        "serve", help="serve the deployments: incident response, and the sweep on its schedule"
+    )
+    p.add_argument("--inventory", type=Path)
+    p.set_defaults(func=cmd_serve)
+
+    p = sub.add_parser("server", help="the embedded local Prefect server")
+    p.add_argument("action", choices=["start", "stop", "status"])
+    p.set_defaults(func=cmd_server)
+
+    p = sub.add_parser("breaker", help="the fleet-wide circuit breaker for unattended fixes")
+    p.add_argument("action", choices=["status", "reset"])
+    p.set_defaults(func=cmd_breaker)
 
     p = sub.add_parser("classify", help="diagnose a bundle (directory, .tar.gz or a log file)")
     p.add_argument("path", type=Path)

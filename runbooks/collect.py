@@ -30,8 +30,9 @@ from runbooks.redact import redact_json, redact_text
 from runbooks.remote.docker import DockerEngine
 from runbooks.remote.runner import CommandResult, CommandRunner, LocalRunner
 from runbooks.remote.ssh import SshRunner
+from runbooks.runbook import Runbook, load_runbook
 from runbooks.settings import Settings
-from runbooks.sources import CONTAINER_PROBES, HOST_SOURCES, NCCL_TESTS_PATH, HostSource
+from runbooks.sources import NCCL_TESTS_PATH, HostSource
 from runbooks.target import Target
 
 log = logging.getLogger(__name__)
@@ -200,8 +201,8 @@ def _select_containers(engine: DockerEngine, writer: _Writer) -> list[str]:
                 Finding(code="container-inspect-failed", severity="warning", message=str(exc))
             )
             continue
-        if not facts.wants_gpu:
-            continue
+        if not facts.wants_gpu or names.is_backup(facts.name or ""):
+            continue  # cudamedic's own stopped backups are not workloads
         recent_failure = (
             not facts.running
             and (facts.exit_code or 0) != 0
@@ -220,7 +221,7 @@ def _parse_time(value: str) -> float:
 
 
 def _collect_container(
-    engine: DockerEngine, name: str, settings: Settings, writer: _Writer
+    engine: DockerEngine, name: str, settings: Settings, writer: _Writer, runbook: Runbook
 ) -> None:
     base = f"containers/{name}"
     start = time.monotonic()
@@ -240,6 +241,8 @@ def _collect_container(
     )
     start = time.monotonic()
     try:
+        if not runbook.container_logs:
+            raise _Skip("the runbook collects no container logs")
         data, truncated, seen = engine.logs_tail(
             name, settings.log_tail_lines, settings.log_tail_bytes
         )
@@ -269,10 +272,12 @@ def _collect_container(
                     message=f"log tail was {seen} bytes; kept the newest {settings.log_tail_bytes}",
                 )
             )
+    except _Skip as skip:
+        writer.add(SourceResult(name=f"{name}:log", status="skipped", note=str(skip)))
     except CudamedicError as exc:
         writer.add(SourceResult(name=f"{name}:log", status="error", error=str(exc)))
     running = bool((inspect.get("State") or {}).get("Running"))
-    for probe in CONTAINER_PROBES:
+    for probe in runbook.container_probes:
         label = f"{name}:exec-{probe.name}"
         rel = f"{base}.exec-{probe.name}.txt"
         if not running:
@@ -293,6 +298,10 @@ def _collect_container(
                 }
             )
         )
+
+
+class _Skip(Exception):
+    """A source the runbook leaves out."""
 
 
 def _collector_versions() -> dict[str, str]:
@@ -333,8 +342,13 @@ def collect(
     container: str | None = None,
     out_dir: Path | None = None,
     trigger: str | None = None,
+    runbook: Runbook | None = None,
 ) -> Path:
-    """Collect a bundle and return its directory. Raises only for bad input."""
+    """Collect a bundle and return its directory. Raises only for bad input.
+
+    What is collected comes from the runbook (default: Settings.runbook, else the packaged
+    incident runbook)."""
+    runbook = runbook or load_runbook(settings.runbook, "incident")
     if container is not None:
         container = names.container_name(container)
     started = time.monotonic()
@@ -371,11 +385,12 @@ def collect(
         with concurrent.futures.ThreadPoolExecutor(max_workers=4) as pool:
             futures: dict[concurrent.futures.Future[None], str] = {}
             if runner is not None:
-                for src in HOST_SOURCES:
+                for src in runbook.host_sources:
                     futures[pool.submit(_run_host_source, runner, src, settings, writer)] = src.name
-                futures[pool.submit(_run_nccl_tests, runner, settings, writer)] = "nccl-tests"
+                if runbook.nccl_tests:
+                    futures[pool.submit(_run_nccl_tests, runner, settings, writer)] = "nccl-tests"
             else:
-                for src in HOST_SOURCES:
+                for src in runbook.host_sources:
                     writer.add(
                         SourceResult(
                             name=src.name,
@@ -397,7 +412,7 @@ def collect(
                 except CudamedicError as exc:
                     writer.add(SourceResult(name="docker", status="error", error=str(exc)))
             if engine is not None:
-                _collect_docker(engine, containers, settings, writer)
+                _collect_docker(engine, containers, settings, writer, runbook)
             for fut in concurrent.futures.as_completed(futures):
                 try:
                     fut.result()
@@ -438,7 +453,11 @@ def collect(
 
 
 def _collect_docker(
-    engine: DockerEngine, containers: list[str], settings: Settings, writer: _Writer
+    engine: DockerEngine,
+    containers: list[str],
+    settings: Settings,
+    writer: _Writer,
+    runbook: Runbook,
 ) -> None:
     start = time.monotonic()
     try:
@@ -469,7 +488,7 @@ def _collect_docker(
                 )
             )
     for name in containers:
-        _collect_container(engine, name, settings, writer)
+        _collect_container(engine, name, settings, writer, runbook)
 
 
 @contextlib.contextmanager

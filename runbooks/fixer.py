@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import Iterator
+import os
+from collections.abc import Iterator, Sequence
 from datetime import datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from runbooks.classify import classify_path
 from runbooks.collect import collect, engine_session
@@ -24,8 +25,12 @@ from runbooks.policy import Policy
 from runbooks.recreate import Outcome, apply_plan, cleanup_backups, manual_rollback, recover
 from runbooks.redact import redact_json, redact_text
 from runbooks.remote.docker import DockerEngine
+from runbooks.runbook import Runbook
 from runbooks.settings import Settings
 from runbooks.target import Target
+
+if TYPE_CHECKING:
+    from reports.render import PostMortem
 
 
 class Prepared(Frozen):
@@ -60,16 +65,49 @@ def _locked(
 
 
 def prepare(
-    target: Target, container: str, settings: Settings, trigger: str | None = None
+    target: Target,
+    container: str,
+    settings: Settings,
+    trigger: str | None = None,
+    runbook: Runbook | None = None,
 ) -> Prepared:
     """Finish any interrupted fix, then collect, classify and plan (changes nothing else)."""
     container = container_name(container)
-    with _locked(target, container, settings) as (engine, _journal, recovered):
+    recovered = recover_interrupted(target, container, settings)
+    bundle = collect(target, settings, container=container, trigger=trigger, runbook=runbook)
+    diagnosis = classify_path(bundle)
+    return plan_for(target, container, str(bundle), diagnosis, settings, recovered)
+
+
+def recover_interrupted(target: Target, container: str, settings: Settings) -> Outcome | None:
+    """Finish or roll back a fix of this container that a crash interrupted (None: there was
+    none)."""
+    with _locked(target, container_name(container), settings) as (_engine, _journal, recovered):
+        return recovered
+
+
+def plan_for(
+    target: Target,
+    container: str,
+    bundle: str,
+    diagnosis: Diagnosis,
+    settings: Settings,
+    recovered: Outcome | None = None,
+) -> Prepared:
+    """The fix plan for `container` from its diagnosis (None when there is no safe fix)."""
+    container = container_name(container)
+    with engine_session(target, settings) as engine:
         inspect = engine.inspect(container)
         image_id = engine.image_id(str((inspect.get("Config") or {}).get("Image") or ""))
         image_env = _image_env(engine, str(inspect.get("Image") or ""))
-    bundle = collect(target, settings, container=container, trigger=trigger)
-    diagnosis = classify_path(bundle)
+    seen = _evidence_id(bundle, container)
+    live = str(inspect.get("Id", ""))
+    if seen and live and seen != live:
+        raise FixError(
+            f"{container} changed since its evidence was collected (now container {live[:12]}, "
+            f"the evidence shows {seen[:12]}): another fix or a redeploy recreated it; "
+            "nothing was changed — respond again if it still fails"
+        )
     plan = None
     if diagnosis.fix is not None and diagnosis.fix.safe and diagnosis.fix.change is not None:
         plan = plan_fix(
@@ -85,8 +123,17 @@ def prepare(
             image_env=image_env,
         )
     return Prepared(
-        bundle=str(bundle), diagnosis=diagnosis, plan=plan, recovered=recovered, inspect=inspect
+        bundle=bundle, diagnosis=diagnosis, plan=plan, recovered=recovered, inspect=inspect
     )
+
+
+def _evidence_id(bundle: str, container: str) -> str | None:
+    """The container id the evidence bundle saw (None when it has no readable inspect)."""
+    try:
+        data = json.loads((Path(bundle) / "containers" / f"{container}.inspect.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return str(data.get("Id") or "") or None if isinstance(data, dict) else None
 
 
 def _image_env(engine: Any, image_id: str) -> list[str]:
@@ -115,7 +162,14 @@ def refusal(
     return None
 
 
-def execute(target: Target, prepared: Prepared, settings: Settings) -> Outcome:
+def execute(
+    target: Target,
+    prepared: Prepared,
+    settings: Settings,
+    *,
+    approved_by: str | None = None,
+    unattended: bool = False,
+) -> Outcome:
     plan = prepared.plan
     if plan is None:
         raise FixError("nothing to apply: the diagnosis has no safe automatic fix")
@@ -139,6 +193,8 @@ def execute(target: Target, prepared: Prepared, settings: Settings) -> Outcome:
             before=list(plan.docker_run_before),
             after=list(plan.docker_run_after),
             bundle=prepared.bundle,
+            approved_by=approved_by,
+            unattended=unattended,
         )
         # The journal keeps a redacted snapshot: enough to restore by hand, no secrets on disk.
         outcome = apply_plan(engine, plan, settings, journal, redact_json(current))
@@ -234,38 +290,59 @@ def plan_json(prepared: Prepared) -> str:
     return json.dumps(data, indent=2)
 
 
-def write_postmortem(
+def effective_policy(settings: Settings, runbook: Runbook) -> Policy:
+    """The fix policy file when one is configured, else the runbook's `fixes:` section."""
+    from runbooks.policy import load_policy
+
+    return load_policy(settings.policy) if settings.policy else runbook.fixes
+
+
+def postmortem(
     prepared: Prepared,
-    outcome: Outcome,
     settings: Settings,
     host: str,
     started: datetime,
+    *,
+    outcome: Outcome | None = None,
+    status: str | None = None,
+    detail: str = "",
     trigger: str | None = None,
-) -> Path:
-    """Render the post-mortem of a fix to OUT_DIR/reports/ and return its path."""
-    from reports.render import CheckResult, PostMortem, TimelineEvent, render_markdown, report_name
+    detected_by: str = "cudamedic fix",
+    events: Sequence[tuple[datetime, str, str]] = (),
+    approval: str | None = None,
+    links: dict[str, str] | None = None,
+) -> PostMortem:
+    """The post-mortem of one response. `outcome`: the fix's, when one was applied; otherwise
+    `status`/`detail` say where it stopped (planned, rejected, approval-timed-out, ...)."""
+    from reports.render import CheckResult, PostMortem, TimelineEvent
 
     d, plan = prepared.diagnosis, prepared.plan
     container = plan.container if plan else d.container
-    timeline = [
-        TimelineEvent(at=started, event="fix started", detail=f"cudamedic fix by {who()}"),
-        TimelineEvent(at=started, event="evidence collected", detail=f"bundle {prepared.bundle}"),
-        TimelineEvent(
-            at=started, event="diagnosed", detail=f"{d.incident} (confidence {d.confidence:.2f})"
-        ),
-    ]
-    if container:
-        records = Journal(settings.state_path, host, container).current()
-        for r in records:
+    timeline = [TimelineEvent(at=at, event=ev, detail=redact_text(det)) for at, ev, det in events]
+    if not events:
+        timeline = [
+            TimelineEvent(at=started, event="fix started", detail=f"cudamedic fix by {who()}"),
+            TimelineEvent(
+                at=started, event="evidence collected", detail=f"bundle {prepared.bundle}"
+            ),
+            TimelineEvent(
+                at=started,
+                event="diagnosed",
+                detail=f"{d.incident} (confidence {d.confidence:.2f})",
+            ),
+        ]
+    if container and outcome is not None:
+        for r in Journal(settings.state_path, host, container).current():
             try:
                 at = datetime.fromisoformat(str(r.get("at")))
             except ValueError:
                 continue
-            detail = str(r.get("reason") or r.get("to") or r.get("id") or "")[:200]
-            timeline.append(TimelineEvent(at=at, event=f"journal: {r.get('step')}", detail=detail))
+            what = str(r.get("reason") or r.get("to") or r.get("id") or "")[:200]
+            timeline.append(TimelineEvent(at=at, event=f"journal: {r.get('step')}", detail=what))
     ended = now()
-    timeline.append(TimelineEvent(at=ended, event=f"outcome: {outcome.status}"))
-    if outcome.status == "fixed":
+    final = outcome.status if outcome is not None else (status or "diagnosed")
+    timeline.append(TimelineEvent(at=ended, event=f"outcome: {final}"))
+    if outcome is not None and outcome.status == "fixed":
         actions = [
             f"Watch {container}'s next run; the backup {outcome.backup} is kept for "
             f"{settings.fix_backup_retention_h:g} h (`cudamedic rollback` restores it).",
@@ -274,27 +351,67 @@ def write_postmortem(
         ]
     else:
         actions = list(d.fix.steps) if d.fix is not None else []
-        actions.insert(0, f"Read the outcome: {outcome.message}")
-    pm = PostMortem(
+        if outcome is not None:
+            actions.insert(0, f"Read the outcome: {outcome.message}")
+        elif plan is not None and final != "planned":
+            actions.insert(
+                0, f"The fix was not applied ({final}); `cudamedic triage` again to retry."
+            )
+    return PostMortem(
         host=host,
         container=container,
         incident=d.incident,
         confidence=d.confidence,
         summary=redact_text(d.summary),
         trigger=redact_text(trigger) if trigger else None,
+        detected_by=detected_by,
         started_at=started,
         ended_at=ended,
-        outcome=outcome.status,
-        outcome_detail=redact_text(outcome.message),
+        outcome=final,
+        outcome_detail=redact_text(outcome.message if outcome is not None else detail),
+        approval=redact_text(approval) if approval else None,
         evidence=d.evidence,
         secondary=d.secondary,
         docker_run_diff=plan.diff if plan else (),
-        checks=tuple(CheckResult(name=c.name, ok=c.ok, detail=c.detail) for c in outcome.checks),
+        checks=tuple(CheckResult(name=c.name, ok=c.ok, detail=c.detail) for c in outcome.checks)
+        if outcome is not None
+        else (),
         timeline=tuple(sorted(timeline, key=lambda e: e.at)),
         action_items=tuple(redact_text(a) for a in actions),
+        links=links or {},
         bundle=prepared.bundle,
     )
-    path = settings.out_dir / "reports" / report_name(pm)
+
+
+def save_postmortem(pm: PostMortem, settings: Settings) -> Path:
+    """Write the rendered post-mortem into the reports directory; returns its path."""
+    from reports.render import render_markdown, report_name
+
+    path = settings.reports_path / report_name(pm)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(render_markdown(pm), encoding="utf-8")
-    return path
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{id(pm)}.tmp")
+    tmp.write_text(render_markdown(pm), encoding="utf-8")
+    try:
+        for n in range(1, 1000):  # two responses started in the same second keep both reports
+            candidate = path if n == 1 else path.with_name(f"{path.stem}-{n}.md")
+            try:
+                os.link(tmp, candidate)  # atomic, and never replaces another report
+                return candidate
+            except FileExistsError:
+                continue
+        raise FixError(f"too many reports named like {path}")
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def write_postmortem(
+    prepared: Prepared,
+    outcome: Outcome,
+    settings: Settings,
+    host: str,
+    started: datetime,
+    trigger: str | None = None,
+) -> Path:
+    """Render the post-mortem of a `cudamedic fix` run to the reports directory."""
+    pm = postmortem(prepared, settings, host, started, outcome=outcome, trigger=trigger)
+    return save_postmortem(pm, settings)

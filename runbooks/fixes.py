@@ -15,6 +15,7 @@ from typing import Any
 
 from runbooks import knowledge
 from runbooks.dockerrun import diff, fmt_size, run_args
+from runbooks.errors import FixError
 from runbooks.facts import ContainerFacts, Facts
 from runbooks.model import (
     ContainerChange,
@@ -420,6 +421,10 @@ def plan_fix(
     }
     before = run_args(inspect, image_env)
     after = run_args(after_inspect, image_env)
+    if before == after:
+        raise FixError(
+            f"{name} already runs with {' '.join(fix.docker_run) or 'this fix'}; nothing to change"
+        )
     state = inspect.get("State") or {}
     was_running = bool(state.get("Running"))
     backup = backup_name(name, now)

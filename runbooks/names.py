@@ -68,3 +68,12 @@ def port(value: int | str) -> int:
     if not 1 <= number <= 65535:
         raise InputError(f"invalid port {number}: must be 1..65535")
     return number
+
+
+# The name a fix gives the original container it keeps as a backup (runbooks/fixes.py).
+BACKUP_RE = re.compile(r"-cudamedic-backup-(\d{8}T\d{6}Z)$")
+
+
+def is_backup(name: str) -> bool:
+    """Is this one of cudamedic's own backup containers (never a workload to diagnose)?"""
+    return bool(BACKUP_RE.search(name))

@@ -12,7 +12,6 @@ back a fix that was interrupted (process killed, engine restarted), idempotently
 from __future__ import annotations
 
 import os
-import re
 import signal
 import time
 from collections.abc import Callable
@@ -23,6 +22,7 @@ from runbooks.errors import CudamedicError, RollbackFailed, VerifyFailed
 from runbooks.journal import Journal
 from runbooks.logscan import scan_text, signatures
 from runbooks.model import FixPlan, Frozen
+from runbooks.names import BACKUP_RE
 from runbooks.remote.docker import DockerEngine
 from runbooks.settings import Settings
 
@@ -362,13 +362,12 @@ def _no_recurrence(engine: DockerEngine, plan: FixPlan, cid: str, started: int) 
 
 
 # -- backups ----------------------------------------------------------------------------------
-_BACKUP = re.compile(r"-cudamedic-backup-(\d{8}T\d{6}Z)$")
 
 
 def expired_backups(names: list[str], retention: timedelta, now: datetime) -> list[str]:
     out = []
     for name in names:
-        m = _BACKUP.search(name)
+        m = BACKUP_RE.search(name)
         if not m:
             continue
         made = datetime.strptime(m.group(1), "%Y%m%dT%H%M%SZ").replace(tzinfo=now.tzinfo)

@@ -21,7 +21,7 @@ from runbooks import knowledge
 from runbooks.evidence.nvidia_smi import XmlGpu
 from runbooks.facts import ContainerFacts, Facts, Origin, origin_of
 from runbooks.logscan import signature, signatures
-from runbooks.model import Line, Match
+from runbooks.model import Frozen, Line, Match
 from runbooks.taxonomy import Incident
 
 Rule = Callable[[Facts], Match | None]
@@ -657,26 +657,50 @@ def cuda_oom(facts: Facts) -> Match | None:
     return sig_match(facts, Incident.CUDA_OOM)
 
 
+class NcclShortfall(Frozen):
+    measured: float
+    floor: float
+    basis: str
+    count: int
+    model: str
+    line: Line
+
+    @property
+    def reason(self) -> str:
+        return (
+            f"all_reduce bus bandwidth {self.measured:g} GB/s is under {self.basis} "
+            f"({self.floor:g} GB/s) for {self.count}x {self.model}"
+        )
+
+
+def nccl_below_floor(facts: Facts) -> NcclShortfall | None:
+    """The nccl-tests run's bus bandwidth against the floor for this node, when it falls short."""
+    nccl = facts.nccl
+    measured = None if nccl is None else (nccl.max_busbw or nccl.avg_busbw)
+    if nccl is None or measured is None:
+        return None
+    # The run's own device lines, else the host's nvidia-smi (same node).
+    model = nccl.gpu_models[0] if nccl.gpu_models else _host_model(facts)
+    count = nccl.n_ranks or len(nccl.devices) or facts.host_gpu_count
+    floor, basis = _floor(model, count)
+    if floor is None or model is None or measured >= floor:
+        return None
+    return NcclShortfall(
+        measured=measured,
+        floor=floor,
+        basis=basis,
+        count=count,
+        model=model,
+        line=_nccl_line(nccl, measured),
+    )
+
+
 @rule(Incident.NCCL_SLOW_TRANSPORT)
 def nccl_slow_transport(facts: Facts) -> Match | None:
     match = sig_match(facts, Incident.NCCL_SLOW_TRANSPORT)
-    nccl = facts.nccl
-    measured = None if nccl is None else (nccl.max_busbw or nccl.avg_busbw)
-    if nccl is not None and measured is not None:
-        # The run's own device lines, else the host's nvidia-smi (same node).
-        model = nccl.gpu_models[0] if nccl.gpu_models else _host_model(facts)
-        count = nccl.n_ranks or len(nccl.devices) or facts.host_gpu_count
-        floor, basis = _floor(model, count)
-        if floor is not None and measured < floor:
-            line = _nccl_line(nccl, measured)
-            return _boost(
-                match,
-                Incident.NCCL_SLOW_TRANSPORT,
-                0.9,
-                [line],
-                f"all_reduce bus bandwidth {measured:g} GB/s is under {basis} "
-                f"({floor:g} GB/s) for {count}x {model}",
-            )
+    short = nccl_below_floor(facts)
+    if short is not None:
+        return _boost(match, Incident.NCCL_SLOW_TRANSPORT, 0.9, [short.line], short.reason)
     for c in facts.containers.values():
         env = {**(c.inspect.env if c.inspect else {}), **c.env_probe}
         if env.get("NCCL_P2P_DISABLE") == "1" and match is not None:

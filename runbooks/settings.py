@@ -43,6 +43,9 @@ class Settings(BaseSettings):
     nccl_tests_gpus: int | None = Field(default=None, gt=0)  # default: every GPU nvidia-smi lists
     nccl_tests_budget: float = Field(default=120.0, gt=0)
     nccl_tests_enabled: bool = True
+    # Runbooks (default: the packaged runbooks/incident.yaml and runbooks/sweep.yaml)
+    runbook: Path | None = None
+    sweep_runbook: Path | None = None
     # Fixes
     state_dir: Path = Path("~/.local/state/cudamedic")  # journal, locks, audit log
     policy: Path | None = None  # fix policy (deploy/policy.example.yaml)
@@ -50,10 +53,20 @@ class Settings(BaseSettings):
     fix_stop_timeout: int = Field(default=10, ge=0)
     fix_health_timeout: float = Field(default=60.0, gt=0)
     fix_backup_retention_h: float = Field(default=24.0, ge=0)
+    # Reports and the Prefect service
+    report_dir: Path | None = None  # default: OUT_DIR/reports
+    sweep_schedule: str = "*/15 * * * *"  # cron for `cudamedic serve`
+    sweep_timezone: str = "UTC"
+    prefect_port: int = Field(default=4200, gt=0, lt=65536)  # the embedded local server
+    prefect_home: Path | None = None  # default: STATE_DIR/prefect (its SQLite database)
 
     @property
     def state_path(self) -> Path:
         return self.state_dir.expanduser()
+
+    @property
+    def reports_path(self) -> Path:
+        return (self.report_dir or self.out_dir / "reports").expanduser()
 
     @classmethod
     def settings_customise_sources(

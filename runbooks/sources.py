@@ -1,13 +1,16 @@
-"""The table of evidence sources: what to collect, where it goes in the bundle, with what bound.
+"""The shape of an evidence source, and the built-in probes run inside containers.
 
-Adding a host command is one row here. Commands are fixed strings; the only parameters that reach
-a shell (the nccl-tests path and GPU count) are quoted by the collector. ``fallback`` is run when
-the main command fails (``dmesg`` refused -> ``journalctl -k``).
+Which sources a response collects is data: the runbook YAML (runbooks/runbook.py) lists the host
+commands and names the container probes. Commands are fixed strings from the runbook; the only
+parameters that reach a shell (the nccl-tests path and GPU count) are quoted by the collector.
+``fallback`` is run when the main command fails (``dmesg`` refused -> ``journalctl -k``).
 """
 
 from __future__ import annotations
 
 from typing import Literal
+
+from pydantic import Field
 
 from runbooks.model import Frozen
 
@@ -15,8 +18,8 @@ Keep = Literal["head", "tail"]
 
 
 class HostSource(Frozen):
-    name: str
-    path: str  # bundle-relative
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,40}$")
+    path: str = Field(pattern=r"^(commands/)?[A-Za-z0-9][A-Za-z0-9_.-]{0,80}$")  # bundle-relative
     command: str
     timeout: float | None = None  # None: Settings.command_timeout
     keep: Keep = "head"
@@ -28,37 +31,9 @@ class HostSource(Frozen):
 class ContainerProbe(Frozen):
     """A command run inside a container with exec (argv, no shell of ours)."""
 
-    name: str  # file suffix: containers/NAME.exec-<name>.txt
-    argv: tuple[str, ...]
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,40}$")  # containers/C.exec-NAME.txt
+    argv: tuple[str, ...] = Field(min_length=1)
 
-
-HOST_SOURCES: tuple[HostSource, ...] = (
-    HostSource(name="nvidia-smi", path="nvidia-smi.txt", command="nvidia-smi"),
-    HostSource(
-        name="nvidia-smi-xml", path="nvidia-smi.xml", command="nvidia-smi -q -x", stdout_only=True
-    ),
-    HostSource(name="nvidia-smi-list", path="commands/nvidia-smi-L.txt", command="nvidia-smi -L"),
-    HostSource(
-        name="kernel-log",
-        path="dmesg.txt",
-        command="dmesg -T",
-        keep="tail",
-        fallback="journalctl -k --no-pager -o short-iso -n 50000",
-    ),
-    HostSource(name="df", path="commands/df.txt", command="df -h"),
-    HostSource(name="uname", path="commands/uname.txt", command="uname -a"),
-    HostSource(
-        name="lsmod-nvidia",
-        path="commands/lsmod-nvidia.txt",
-        command="lsmod | grep -i nvidia",
-        ok_exit_codes=(0, 1),
-    ),
-    HostSource(
-        name="container-toolkit",
-        path="commands/container-toolkit.txt",
-        command="nvidia-ctk --version 2>/dev/null || nvidia-container-cli --version",
-    ),
-)
 
 # The torch probe is passed as $0 to sh so no quoting of its text is ever needed.
 TORCH_PROBE = r"""
@@ -92,20 +67,23 @@ _PY = (
     'else echo "cudamedic: no python in this container"; exit 127; fi'
 )
 
-CONTAINER_PROBES: tuple[ContainerProbe, ...] = (
-    ContainerProbe(name="torch", argv=("sh", "-c", _PY, TORCH_PROBE)),
-    ContainerProbe(name="ulimit", argv=("sh", "-c", "ulimit -a")),
-    ContainerProbe(name="shm", argv=("df", "-h", "/dev/shm")),
-    ContainerProbe(
-        name="env",
-        argv=(
-            "sh",
-            "-c",
-            "env | grep -E '^(CUDA|NCCL|NVIDIA|TORCH|PYTORCH|LD_LIBRARY_PATH|OMP_NUM|"
-            "WORLD_SIZE|RANK|LOCAL_RANK|MASTER_)' | sort",
+BUILTIN_PROBES: dict[str, ContainerProbe] = {
+    p.name: p
+    for p in (
+        ContainerProbe(name="torch", argv=("sh", "-c", _PY, TORCH_PROBE)),
+        ContainerProbe(name="ulimit", argv=("sh", "-c", "ulimit -a")),
+        ContainerProbe(name="shm", argv=("df", "-h", "/dev/shm")),
+        ContainerProbe(
+            name="env",
+            argv=(
+                "sh",
+                "-c",
+                "env | grep -E '^(CUDA|NCCL|NVIDIA|TORCH|PYTORCH|LD_LIBRARY_PATH|OMP_NUM|"
+                "WORLD_SIZE|RANK|LOCAL_RANK|MASTER_)' | sort",
+            ),
         ),
-    ),
-    ContainerProbe(name="nvidia-smi-L", argv=("nvidia-smi", "-L")),
-)
+        ContainerProbe(name="nvidia-smi-L", argv=("nvidia-smi", "-L")),
+    )
+}
 
 NCCL_TESTS_PATH = "nccl-tests.txt"

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -12,6 +14,44 @@ import pytest
 
 from runbooks.settings import Settings
 from tests.lab.lab import IMAGE, LabState, down, lab_dir, up
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+# The tests' own Prefect server: a real `prefect server` on loopback with a fresh SQLite database,
+# started by the `prefect_api` fixture. Prefect reads its settings when it is first imported, so
+# the environment is set here, before any test module imports it; a PREFECT_API_URL of the
+# calling shell is replaced, so tests never talk to a production server.
+PREFECT_TEST_PORT = _free_port()
+PREFECT_TEST_HOME = Path(tempfile.mkdtemp(prefix="cudamedic-test-prefect-"))
+os.environ.update(
+    {
+        "PREFECT_API_URL": f"http://127.0.0.1:{PREFECT_TEST_PORT}/api",
+        "PREFECT_HOME": str(PREFECT_TEST_HOME),
+        "PREFECT_LOCAL_STORAGE_PATH": str(PREFECT_TEST_HOME / "storage"),
+        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+        "PREFECT_LOGGING_LEVEL": "WARNING",
+    }
+)
+os.environ.pop("PREFECT_API_KEY", None)
+
+
+@pytest.fixture(scope="session")
+def prefect_api() -> Iterator[str]:
+    """Start the tests' Prefect server (with cudamedic's own starter) and stop it at the end."""
+    from flows.server import ensure_local_server, stop_local_server
+
+    server = Settings(prefect_port=PREFECT_TEST_PORT, prefect_home=PREFECT_TEST_HOME)
+    url = ensure_local_server(server)
+    yield url
+    stop_local_server(server)
+    shutil.rmtree(PREFECT_TEST_HOME, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

@@ -155,6 +155,8 @@ class XmlGpu(Frozen):
     power_limit_w: float | None = None
     performance_state: str | None = None
     clock_event_reasons_active: tuple[str, ...] = ()
+    sm_clock_mhz: int | None = None  # clocks/sm_clock: the current SM clock
+    sm_clock_max_mhz: int | None = None  # max_clocks/sm_clock
     ecc_volatile: EccCounts | None = None
     ecc_aggregate: EccCounts | None = None
     retired_pages: RetiredPages | None = None
@@ -693,6 +695,8 @@ def _xml_gpu(position: int, gpu: ET.Element) -> XmlGpu:
         ),
         performance_state=_value(_txt(gpu, "performance_state")),
         clock_event_reasons_active=_clock_events(gpu),
+        sm_clock_mhz=_integer(_txt(gpu, "clocks/sm_clock")),
+        sm_clock_max_mhz=_integer(_txt(gpu, "max_clocks/sm_clock")),
         ecc_volatile=_ecc_scope(ecc.find("volatile") if ecc is not None else None),
         ecc_aggregate=_ecc_scope(ecc.find("aggregate") if ecc is not None else None),
         retired_pages=_retired(gpu),

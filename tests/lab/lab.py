@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -278,6 +279,30 @@ cat {data}/{file}
 """
 
 
+_STAMP = re.compile(r"^\[\s*(\d+\.\d+)\]")
+
+
+def _make_recent(path: Path, age_s: float) -> None:
+    """Shift a recorded dmesg's `[uptime]` stamps so its last line was logged `age_s` seconds
+    ago by this machine's clock (the lab hosts share its /proc/uptime); only the numbers move,
+    never the text. A machine up for less time than the recording keeps it as recorded (its
+    lines then read as just logged)."""
+    lines = path.read_text(errors="replace").splitlines(keepends=True)
+    stamps = [float(m.group(1)) for ln in lines if (m := _STAMP.match(ln))]
+    if not stamps:
+        return
+    uptime = float(Path("/proc/uptime").read_text().split()[0])
+    shift = (uptime - age_s) - max(stamps)
+    if shift <= 0:
+        return
+
+    def moved(line: str) -> str:
+        m = _STAMP.match(line)
+        return f"[{float(m.group(1)) + shift:12.6f}]{line[m.end() :]}" if m else line
+
+    path.write_text("".join(moved(ln) for ln in lines))
+
+
 def _write_host_scenario(home: Path, scenario: Scenario) -> Path:
     data, bindir = home / "data", home / "bin"
     data.mkdir(parents=True, exist_ok=True)
@@ -286,6 +311,8 @@ def _write_host_scenario(home: Path, scenario: Scenario) -> Path:
         shutil.copyfile(FIXTURES / fixture, data / dest)
     for dest, text in scenario.literal.items():
         (data / dest).write_text(text)
+    if "dmesg.recent" in scenario.literal and (data / "dmesg.txt").exists():
+        _make_recent(data / "dmesg.txt", float(scenario.literal["dmesg.recent"]))
     scripts = {
         "nvidia-smi": _NVIDIA_SMI,
         "dmesg": _DMESG,

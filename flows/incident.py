@@ -1,0 +1,375 @@
+"""The incident-response flow: collect -> classify -> plan -> approve -> apply -> verify -> report.
+
+Each step is a Prefect task with the runbook's timeout; only collection retries (steps with side
+effects never do, and none is cached). The apply step runs under the host's Prefect concurrency
+limit (``cudamedic-host-<name>``, created up front, strict) so two flows never fix one host at
+once, also from two workers; the fix itself re-checks that the container is still the one that
+was planned. Approval pauses the flow run for a typed `Approval` (approve/reject, who, why) that
+`cudamedic approve`, the Prefect UI or Slack supply; unattended approval comes from the runbook's
+policy, behind the fleet-wide circuit breaker.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from datetime import datetime
+from typing import Any, Literal
+
+from prefect import flow, get_client, get_run_logger, task
+from prefect.artifacts import create_markdown_artifact
+from prefect.cache_policies import NO_CACHE
+from prefect.concurrency.sync import concurrency
+from prefect.exceptions import FlowPauseTimeout, ObjectAlreadyExists, ObjectNotFound
+from prefect.flow_runs import pause_flow_run
+from prefect.input import RunInput
+from prefect.runtime import flow_run
+from pydantic import BaseModel, Field
+
+from runbooks import breaker
+from runbooks.classify import classify_path
+from runbooks.collect import collect
+from runbooks.errors import CudamedicError
+from runbooks.fixer import (
+    Prepared,
+    effective_policy,
+    execute,
+    plan_for,
+    postmortem,
+    recover_interrupted,
+    refusal,
+    save_postmortem,
+)
+from runbooks.inventory import load_inventory
+from runbooks.journal import audit, now, who
+from runbooks.model import Diagnosis
+from runbooks.recreate import Outcome
+from runbooks.runbook import Runbook, load_runbook
+from runbooks.settings import Settings, load_settings
+from runbooks.target import Target, resolve_target
+
+BREAKER_VARIABLE = "cudamedic_breaker"
+BREAKER_LOCK = "cudamedic-breaker"
+
+
+class Approval(RunInput):
+    """What a person answers to a paused fix."""
+
+    decision: Literal["approve", "reject"]
+    by: str = Field(min_length=1, max_length=200)
+    reason: str = Field(default="", max_length=2000)
+
+
+class Response(BaseModel):
+    """The flow's result: what a caller (CLI, Slack, a sweep) shows."""
+
+    host: str
+    container: str | None = None
+    incident: str
+    confidence: float
+    summary: str
+    outcome: str  # fixed | rolled-back | planned | diagnosed | rejected | refused | ...
+    detail: str = ""
+    bundle: str
+    report: str
+    diff: list[str] = []
+    approval: str | None = None
+    flow_run_id: str | None = None
+    flow_run_url: str | None = None
+
+
+# -- names and limits ----------------------------------------------------------------------------
+def host_lock(host: str) -> str:
+    return "cudamedic-host-" + re.sub(r"[^a-z0-9-]+", "-", host.lower()).strip("-")
+
+
+def ensure_limits(names: list[str], limit: int = 1) -> None:
+    """Create the global concurrency limits the flows lock on (strict locks need them to exist)."""
+    from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate
+
+    with get_client(sync_client=True) as client:
+        for name in names:
+            try:
+                client.read_global_concurrency_limit_by_name(name)
+                continue
+            except ObjectNotFound:
+                pass
+            try:
+                client.create_global_concurrency_limit(
+                    GlobalConcurrencyLimitCreate(name=name, limit=limit)
+                )
+            except ObjectAlreadyExists:
+                pass  # created by a flow running beside this one
+
+
+def run_url(run_id: str | None) -> str | None:
+    from prefect.settings import PREFECT_UI_URL
+
+    ui = PREFECT_UI_URL.value()
+    return f"{ui}/runs/flow-run/{run_id}" if ui and run_id else None
+
+
+# -- tasks ---------------------------------------------------------------------------------------
+@task(name="recover-interrupted-fix", cache_policy=NO_CACHE, timeout_seconds=900)
+def recover_task(target: Target, container: str, settings: Settings) -> Outcome | None:
+    return recover_interrupted(target, container, settings)
+
+
+@task(name="collect-evidence", cache_policy=NO_CACHE)
+def collect_task(
+    target: Target, container: str | None, trigger: str | None, settings: Settings, book: Runbook
+) -> str:
+    return str(collect(target, settings, container=container, trigger=trigger, runbook=book))
+
+
+@task(name="classify", cache_policy=NO_CACHE)
+def classify_task(bundle: str) -> Diagnosis:
+    return classify_path(bundle)
+
+
+@task(name="plan-fix", cache_policy=NO_CACHE, timeout_seconds=120)
+def plan_task(
+    target: Target, container: str, bundle: str, diagnosis: Diagnosis, settings: Settings
+) -> Prepared:
+    return plan_for(target, container, bundle, diagnosis, settings)
+
+
+@task(name="apply-fix", cache_policy=NO_CACHE, retries=0)
+def apply_task(
+    target: Target,
+    prepared: Prepared,
+    settings: Settings,
+    approved_by: str,
+    unattended: bool,
+) -> Outcome:
+    with concurrency(host_lock(target.name), occupy=1, strict=True, timeout_seconds=600):
+        return execute(target, prepared, settings, approved_by=approved_by, unattended=unattended)
+
+
+@task(name="write-report", cache_policy=NO_CACHE, timeout_seconds=120)
+def report_task(pm: Any, settings: Settings) -> str:
+    from reports.render import render_markdown
+
+    path = save_postmortem(pm, settings)
+    key = "postmortem-" + re.sub(r"[^a-z0-9-]+", "-", pm.host.lower()).strip("-")
+    create_markdown_artifact(
+        markdown=render_markdown(pm),
+        key=key[:100],
+        description=f"Post-mortem: {pm.incident} on {pm.host} ({pm.outcome})",
+    )
+    return str(path)
+
+
+# -- the circuit breaker (shared by every worker through a Prefect Variable) --------------------
+def read_breaker() -> breaker.BreakerState:
+    from prefect.variables import Variable
+
+    raw = Variable.get(BREAKER_VARIABLE, default=None)
+    if not raw:
+        return breaker.BreakerState()
+    try:
+        data = json.loads(raw) if isinstance(raw, str) else raw
+        return breaker.BreakerState.model_validate(data)
+    except ValueError:
+        return breaker.BreakerState(tripped_at=now(), reason="breaker state unreadable")
+
+
+def _write_breaker(state: breaker.BreakerState) -> None:
+    from prefect.variables import Variable
+
+    Variable.set(BREAKER_VARIABLE, state.model_dump_json(), overwrite=True)
+
+
+def admit_unattended(book: Runbook) -> tuple[bool, str]:
+    ensure_limits([BREAKER_LOCK])
+    with concurrency(BREAKER_LOCK, occupy=1, strict=True, timeout_seconds=60):
+        allowed, state, why = breaker.admit(read_breaker(), book.circuit_breaker, now())
+        _write_breaker(state)
+    return allowed, why
+
+
+def reset_breaker(by: str) -> breaker.BreakerState:
+    ensure_limits([BREAKER_LOCK])
+    with concurrency(BREAKER_LOCK, occupy=1, strict=True, timeout_seconds=60):
+        state = breaker.reset(read_breaker(), by, now())
+        _write_breaker(state)
+    return state
+
+
+# -- the flow ------------------------------------------------------------------------------------
+@flow(name="incident-response", log_prints=False, persist_result=False)
+def incident_response(
+    target: str,
+    container: str | None = None,
+    trigger_text: str | None = None,
+    apply: bool = True,
+    approved_by: str | None = None,
+    detected_by: str = "cudamedic triage",
+) -> Response:
+    """Respond to an incident on `target` (an inventory host, ssh://user@host[:port] or local).
+
+    `apply`: False stops after the plan (dry run). `approved_by`: a person who approved up
+    front (`cudamedic triage --yes`); otherwise the fix waits for an `Approval` unless the
+    runbook's policy allows it unattended."""
+    log = get_run_logger()
+    started = now()
+    events: list[tuple[datetime, str, str]] = [
+        (started, "triggered", f"{detected_by} by {approved_by or who()}")
+    ]
+
+    def mark(event: str, detail: str = "") -> None:
+        events.append((now(), event, detail))
+        log.info("%s%s", event, f": {detail}" if detail else "")
+
+    settings = load_settings()
+    book = load_runbook(settings.runbook, "incident")
+    inventory = load_inventory(settings.inventory) if settings.inventory else None
+    tgt = resolve_target(target, inventory)
+    run_id = str(flow_run.get_id() or "") or None
+    ensure_limits([host_lock(tgt.name)])
+    links = {"Prefect flow run": u} if (u := run_url(run_id)) else {}
+
+    recovered = None
+    if container:
+        recovered = recover_task(tgt, container, settings)
+        if recovered is not None:
+            mark("interrupted fix finished", recovered.message)
+    bundle = collect_task.with_options(
+        timeout_seconds=book.timeouts.collect, retries=book.retries, retry_delay_seconds=5
+    )(tgt, container, trigger_text, settings, book)
+    mark("evidence collected", f"bundle {bundle}")
+    diagnosis = classify_task.with_options(timeout_seconds=book.timeouts.classify)(bundle)
+    mark("diagnosed", f"{diagnosis.incident} (confidence {diagnosis.confidence:.2f})")
+
+    subject = container or diagnosis.container
+    prepared = Prepared(bundle=bundle, diagnosis=diagnosis, recovered=recovered)
+    no_plan: str | None = None
+    if subject and subject != "log" and diagnosis.fix is not None and diagnosis.fix.safe:
+        try:
+            prepared = plan_task(tgt, subject, bundle, diagnosis, settings)
+        except CudamedicError as exc:
+            no_plan = str(exc)
+            mark("no plan", no_plan)
+    plan = prepared.plan
+    outcome: Outcome | None = None
+    approval_text: str | None = None
+    status, detail = "diagnosed", ""
+    if plan is not None:
+        mark("fix planned", " / ".join(ln for ln in plan.diff if ln[:1] in "+-"))
+        status, detail = "planned", "dry run: nothing was changed"
+    elif no_plan is not None:
+        status, detail = "not-applied", no_plan
+    elif diagnosis.fix is not None and diagnosis.fix.steps:
+        status, detail = "needs-a-person", "no safe automatic fix; see the action items"
+
+    if plan is not None and apply:
+        tags = tgt.host.tags if tgt.host else ()
+        policy = effective_policy(settings, book)
+        decision: Approval | None = None
+        unattended = False
+        if approved_by:
+            decision = Approval(decision="approve", by=approved_by, reason="approved up front")
+        elif policy.allows_unattended(plan.incident, tags):
+            allowed, why = admit_unattended(book)
+            if allowed:
+                unattended = True
+                decision = Approval(decision="approve", by="policy", reason="runbook policy")
+            else:
+                mark("unattended fix held", why)
+        if decision is None:
+            decision = _wait_for_approval(prepared, tgt, book, run_id, mark)
+        if decision is None:
+            status, detail = (
+                "approval-timed-out",
+                (f"nobody answered within {book.timeouts.approval:g} s; nothing was changed"),
+            )
+        else:
+            approval_text = f"{decision.decision} by {decision.by}" + (
+                f" ({decision.reason})" if decision.reason else ""
+            )
+            mark("approval", approval_text)
+            if decision.decision == "reject":
+                status, detail = "rejected", f"rejected by {decision.by}; nothing was changed"
+            else:
+                why_not = refusal(plan, tags, policy, settings, confirmed=True)
+                if why_not is not None:
+                    status, detail = "refused", why_not
+                    mark("refused", why_not)
+                else:
+                    try:
+                        outcome = apply_task.with_options(timeout_seconds=book.timeouts.apply)(
+                            tgt, prepared, settings, decision.by, unattended
+                        )
+                        mark("fix applied", f"{outcome.status}: {outcome.message}")
+                    except Exception as exc:
+                        why_failed = str(exc) or type(exc).__name__
+                        status, detail = "not-applied", why_failed
+                        mark("fix not applied", why_failed)
+
+    pm = postmortem(
+        prepared,
+        settings,
+        tgt.name,
+        started,
+        outcome=outcome,
+        status=status,
+        detail=detail,
+        trigger=trigger_text,
+        detected_by=detected_by,
+        events=events,
+        approval=approval_text,
+        links=links,
+    )
+    report = report_task.with_options(timeout_seconds=book.timeouts.report)(pm, settings)
+    audit(
+        settings.state_path,
+        "response",
+        host=tgt.name,
+        container=subject,
+        incident=diagnosis.incident,
+        outcome=pm.outcome,
+        report=report,
+        flow_run=run_id,
+    )
+    return Response(
+        host=tgt.name,
+        container=subject,
+        incident=diagnosis.incident,
+        confidence=diagnosis.confidence,
+        summary=pm.summary,
+        outcome=pm.outcome,
+        detail=pm.outcome_detail,
+        bundle=bundle,
+        report=report,
+        diff=list(plan.diff) if plan else [],
+        approval=approval_text,
+        flow_run_id=run_id,
+        flow_run_url=links.get("Prefect flow run"),
+    )
+
+
+def _wait_for_approval(
+    prepared: Prepared, tgt: Target, book: Runbook, run_id: str | None, mark: Any
+) -> Approval | None:
+    """Pause the flow run until a person answers; None when nobody did in time."""
+    from runbooks.fixer import render_plan
+
+    text = (
+        f"# Fix waiting for approval: {tgt.name}\n\n```text\n{render_plan(prepared)}\n```\n\n"
+        f"Approve: `cudamedic approve {run_id}`; reject: `cudamedic approve {run_id} --reject`\n"
+    )
+    create_markdown_artifact(
+        markdown=text,
+        key="approval-" + re.sub(r"[^a-z0-9-]+", "-", tgt.name.lower()).strip("-")[:80],
+        description="A fix plan waiting for a person",
+    )
+    mark("waiting for approval", f"cudamedic approve {run_id}")
+    try:
+        return pause_flow_run(
+            wait_for_input=Approval,
+            timeout=int(book.timeouts.approval),
+            poll_interval=2,
+        )
+    except FlowPauseTimeout:
+        mark("approval timed out")
+        return None

@@ -1,0 +1,212 @@
+"""The fleet health sweep flow: every host checked in parallel, each batch of hosts one Prefect task
+(tens of task runs per sweep, not thousands: the SQLite server stays calm), state kept between
+sweeps so only what is new, changed or resolved is reported, a fleet summary written to the
+reports directory and attached as a Markdown artifact, and optionally an incident response
+started for each host with news.
+
+With `distribute=True` the batches run as runs of the ``sweep-batch`` deployment, so every
+worker of the work pool takes a share (results travel through Prefect's result storage, which
+the workers must share).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from prefect import flow, get_run_logger, task
+from prefect.artifacts import create_markdown_artifact, create_table_artifact
+from prefect.cache_policies import NO_CACHE
+from prefect.client.schemas.objects import FlowRun
+from prefect.runtime import flow_run
+from pydantic import BaseModel
+
+from flows.incident import run_url
+from reports.render import SweepChange, SweepHostRow, SweepSummary, render_sweep, sweep_report_name
+from runbooks.health import HostChange, diff, snapshot
+from runbooks.inventory import Inventory, load_inventory
+from runbooks.runbook import Runbook, load_runbook
+from runbooks.settings import Settings, load_settings
+from runbooks.sweep import HostResult, batches, check_hosts, locked_state, select_hosts, summarize
+
+BATCH_DEPLOYMENT = "sweep-batch/sweep-batch"
+INCIDENT_DEPLOYMENT = "incident-response/incident-response"
+
+
+class SweepResult(BaseModel):
+    hosts: int
+    verdicts: dict[str, str]  # host -> healthy | warning | drain
+    changes: list[HostChange]
+    counts: dict[str, int]  # new / changed / resolved
+    report: str
+    duration_s: float
+    responses: list[str] = []  # flow run ids of the incident responses started
+    flow_run_url: str | None = None
+
+
+def _inputs(inventory: str | None) -> tuple[Settings, Runbook, Inventory]:
+    settings = load_settings(inventory=Path(inventory) if inventory else None)
+    from runbooks.errors import InputError
+
+    if settings.inventory is None:
+        raise InputError("a sweep needs an inventory (--inventory or CUDAMEDIC_INVENTORY)")
+    return (
+        settings,
+        load_runbook(settings.sweep_runbook, "sweep"),
+        load_inventory(settings.inventory),
+    )
+
+
+@task(name="check-hosts", cache_policy=NO_CACHE, retries=0)
+def check_batch_task(
+    names: list[str], inventory: Inventory, settings: Settings, book: Runbook, out_dir: str
+) -> list[HostResult]:
+    return check_hosts(names, inventory, settings, book, Path(out_dir))
+
+
+@flow(name="sweep-batch", persist_result=True, log_prints=False)
+def sweep_batch(
+    names: list[str], out_dir: str, inventory: str | None = None
+) -> list[dict[str, Any]]:
+    """One batch of a distributed sweep, run by whichever worker takes it."""
+    settings, book, inv = _inputs(inventory)
+    return [
+        r.model_dump(mode="json") for r in check_hosts(names, inv, settings, book, Path(out_dir))
+    ]
+
+
+def _distributed(
+    names: list[list[str]], out_dir: str, inventory: str | None, timeout: float
+) -> list[HostResult]:
+    from prefect.deployments import run_deployment
+
+    def one(batch: list[str]) -> list[HostResult]:
+        run: FlowRun = run_deployment(  # type: ignore[assignment]  # sync call in a sync flow
+            BATCH_DEPLOYMENT,
+            parameters={"names": batch, "out_dir": out_dir, "inventory": inventory},
+            timeout=timeout,
+            as_subflow=True,
+        )
+        state = run.state
+        if state is None or not state.is_completed():
+            from runbooks.sweep import _failed
+
+            why = f"batch run {run.id} ended {state.name if state else 'without a state'}"
+            return [_failed(n, why) for n in batch]
+        rows = state.result()
+        return [HostResult.model_validate(r) for r in rows]
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, len(names))) as pool:
+        return [r for part in pool.map(one, names) for r in part]
+
+
+@flow(name="fleet-health-check", log_prints=False, persist_result=False)
+def fleet_health_check(
+    inventory: str | None = None,
+    hosts: list[str] | None = None,
+    tags: list[str] | None = None,
+    start_incidents: bool = False,
+    distribute: bool = False,
+) -> SweepResult:
+    """Check every selected host; report what is new, changed or resolved since the last sweep."""
+    log = get_run_logger()
+    started = datetime.now(UTC)
+    settings, book, inv = _inputs(inventory)
+    names = select_hosts(inv, hosts, tags)
+    out_dir = str(settings.out_dir / "sweeps" / started.strftime("%Y%m%dT%H%M%SZ"))
+    groups = batches(names, book.batch_size)
+    per_host = book.timeouts.collect
+    if distribute:
+        results = _distributed(groups, out_dir, inventory, timeout=per_host * 2 + 120)
+    else:
+        futures = [
+            check_batch_task.with_options(timeout_seconds=per_host * 2 + 60).submit(
+                g, inv, settings, book, out_dir
+            )
+            for g in groups
+        ]
+        results = [r for fut in futures for r in fut.result()]
+    health = [r.health for r in results]
+    with locked_state(settings) as (before, save):
+        seen = snapshot(health)
+        changes = diff(before, seen)
+        save(seen)
+    ended = datetime.now(UTC)
+    run_id = str(flow_run.get_id() or "") or None
+    links = {"Prefect flow run": u} if (u := run_url(run_id)) else {}
+    summary = SweepSummary(
+        started_at=started,
+        ended_at=ended,
+        hosts=tuple(
+            SweepHostRow(
+                host=r.health.host,
+                verdict=r.health.verdict,
+                codes=tuple(f.key for f in r.health.findings),
+                incident=r.incident,
+                incident_summary=r.incident_summary,
+                bundle=r.health.bundle,
+                error=r.health.error,
+                duration_s=r.duration_s,
+            )
+            for r in results
+        ),
+        changes=tuple(SweepChange(**c.model_dump()) for c in changes),
+        links=links,
+    )
+    markdown = render_sweep(summary)
+    path = settings.reports_path / sweep_report_name(summary)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(markdown, encoding="utf-8")
+    create_markdown_artifact(markdown=markdown, key="fleet-sweep", description="Fleet health sweep")
+    create_table_artifact(
+        table=[
+            {"host": h.host, "verdict": h.verdict, "findings": ", ".join(h.codes) or "-"}
+            for h in summary.hosts
+        ],
+        key="fleet-sweep-hosts",
+        description="Verdict per host",
+    )
+    counts = summarize(changes)
+    log.info(
+        "%d hosts: %d drain, %d warning; %d new, %d changed, %d resolved",
+        len(results),
+        summary.count("drain"),
+        summary.count("warning"),
+        counts["new"],
+        counts["changed"],
+        counts["resolved"],
+    )
+    responses: list[str] = []
+    if start_incidents:
+        # Fire and forget: each response is its own run of the incident-response deployment
+        # (it may wait hours for an approval; the sweep must not).
+        from prefect.deployments import run_deployment
+
+        news = {c.host for c in changes if c.change != "resolved"}
+        for r in results:
+            if r.health.host in news and r.incident and r.health.error is None:
+                trigger = f"fleet sweep: {', '.join(f.key for f in r.health.findings)}"
+                run: FlowRun = run_deployment(  # type: ignore[assignment]
+                    INCIDENT_DEPLOYMENT,
+                    parameters={
+                        "target": r.health.host,
+                        "container": r.container,
+                        "trigger_text": trigger,
+                        "detected_by": "cudamedic fleet sweep",
+                    },
+                    timeout=0,
+                    as_subflow=False,
+                )
+                responses.append(str(run.id))
+    return SweepResult(
+        hosts=len(results),
+        verdicts={r.health.host: r.health.verdict for r in results},
+        changes=changes,
+        counts=counts,
+        report=str(path),
+        duration_s=round((ended - started).total_seconds(), 2),
+        responses=responses,
+        flow_run_url=links.get("Prefect flow run"),
+    )

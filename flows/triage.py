@@ -1,0 +1,139 @@
+"""`cudamedic triage` and `cudamedic approve`: run the incident-response flow from a terminal and
+answer its approval.
+
+The flow runs in this process (on the configured Prefect server); while it waits for approval,
+this command shows the plan and asks (on a terminal) or says how to answer from elsewhere
+(`cudamedic approve RUN_ID`, the Prefect UI, Slack) and keeps waiting.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+from uuid import UUID
+
+from prefect import get_client
+from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterName
+from prefect.exceptions import ObjectNotFound
+
+from flows.incident import Approval, Response, incident_response
+from runbooks.errors import InputError
+
+
+def triage(
+    target: str,
+    *,
+    container: str | None,
+    trigger: str | None,
+    apply: bool,
+    approved_by: str | None,
+    ask: Callable[[str], bool] | None,
+    say: Callable[[str], None],
+    actor: str,
+) -> Response:
+    """Run the flow; when it pauses for approval, show the plan and `ask` (None: wait for an
+    answer from elsewhere)."""
+    name = f"triage-{target[:40]}-{uuid.uuid4().hex[:8]}"
+    box: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            box["result"] = incident_response.with_options(flow_run_name=name)(
+                target=target,
+                container=container,
+                trigger_text=trigger,
+                apply=apply,
+                approved_by=approved_by,
+            )
+        except BaseException as exc:  # handed to the caller's thread
+            box["error"] = exc
+
+    worker = threading.Thread(target=run, name="incident-response", daemon=True)
+    worker.start()
+    announced = False
+    while worker.is_alive():
+        worker.join(0.5)
+        if announced or not apply or approved_by or not worker.is_alive():
+            continue
+        paused = _paused_run(name)
+        if paused is None:
+            continue
+        announced = True
+        run_id = str(paused)
+        plan = _approval_text(paused)
+        if plan:
+            say(plan)
+        if ask is not None:
+            yes = ask(f"Apply this fix? (flow run {run_id})")
+            answer(run_id, "approve" if yes else "reject", actor, "answered at the terminal")
+        else:
+            say(
+                f"waiting for approval: `cudamedic approve {run_id}` (or --reject), "
+                "the Prefect UI or Slack"
+            )
+    if "error" in box:
+        raise box["error"]
+    result: Response = box["result"]
+    return result
+
+
+def _paused_run(name: str) -> UUID | None:
+    with get_client(sync_client=True) as client:
+        runs = client.read_flow_runs(
+            flow_run_filter=FlowRunFilter(name=FlowRunFilterName(any_=[name])), limit=1
+        )
+    if runs and runs[0].state is not None and runs[0].state.is_paused():
+        return runs[0].id
+    return None
+
+
+def _approval_text(run_id: UUID) -> str | None:
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId
+
+    with get_client(sync_client=True) as client:
+        arts = client.read_artifacts(
+            artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[run_id]))
+        )
+    for art in arts:
+        if (art.key or "").startswith("approval-") and isinstance(art.data, str):
+            return art.data
+    return None
+
+
+def answer(run_id: str, decision: str, by: str, reason: str = "") -> str:
+    """Resume a paused incident response with a person's decision. A second answer, or one for
+    a run that no longer waits, changes nothing and says so."""
+    from prefect.flow_runs import resume_flow_run
+
+    try:
+        uid = UUID(run_id)
+    except ValueError:
+        raise InputError(f"{run_id!r} is not a flow run id") from None
+    approval = Approval(decision=decision, by=by, reason=reason)
+    with get_client(sync_client=True) as client:
+        try:
+            run = client.read_flow_run(uid)
+        except ObjectNotFound:
+            raise InputError(f"no flow run {run_id}") from None
+    state = run.state
+    if state is None or not state.is_paused():
+        raise InputError(
+            f"flow run {run_id} is not waiting for approval (it is "
+            f"{state.name if state else 'without a state'}); nothing was changed"
+        )
+    resume_flow_run(uid, run_input=approval.model_dump(mode="json"))
+    return f"{decision} sent to flow run {run_id} by {by}"
+
+
+def wait_until_paused(run_id: str, timeout: float = 60.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with get_client(sync_client=True) as client:
+            run = client.read_flow_run(UUID(run_id))
+        if run.state is not None and run.state.is_paused():
+            return True
+        time.sleep(0.3)
+    return False

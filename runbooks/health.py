@@ -1,0 +1,467 @@
+"""Fleet health checks (PURE): one host's `Facts` -> a verdict with stable finding codes, and the
+difference between two sweeps (what is new, changed or resolved).
+
+Verdicts: ``healthy``; ``warning`` (degraded or at risk, keep serving); ``drain`` (take the host
+out of scheduling: its GPUs are unusable or their results suspect). Codes are stable strings an
+alerting rule can key on, e.g. ``xid-79`` on ``0000:3b:00`` or ``container-shm-small`` on
+``train``. Each finding has a `key` (code + subject) that identifies it across sweeps and a
+`detail` whose change is reported as "changed".
+
+Xid events count only inside the runbook's window (by the host's uptime for raw ``dmesg``
+stamps, by the collection time for dated ones) and only once per (code, GPU).
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Iterable, Mapping
+from datetime import datetime, timedelta
+from typing import Literal
+
+from runbooks import knowledge
+from runbooks.facts import Facts
+from runbooks.model import Frozen, Line
+from runbooks.rules import ecc_counters
+from runbooks.runbook import Thresholds
+
+Verdict = Literal["healthy", "warning", "drain"]
+Level = Literal["warning", "drain"]
+_RANK: dict[str, int] = {"healthy": 0, "warning": 1, "drain": 2}
+_MIB = 1024 * 1024
+
+
+class HealthFinding(Frozen):
+    code: str
+    level: Level
+    subject: str = ""  # a GPU bus id, a container, a mount; "" for the host
+    message: str
+    evidence: tuple[Line, ...] = ()
+
+    @property
+    def key(self) -> str:
+        return f"{self.code}@{self.subject}" if self.subject else self.code
+
+
+class HostHealth(Frozen):
+    host: str
+    verdict: Verdict
+    findings: tuple[HealthFinding, ...] = ()
+    gpus_seen: int = 0
+    gpus_expected: int | None = None
+    driver: str | None = None
+    toolkit: str | None = None
+    bundle: str | None = None
+    error: str | None = None  # the host could not be checked (unreachable, timed out)
+
+
+def verdict_of(findings: Iterable[HealthFinding]) -> Verdict:
+    worst: Verdict = "healthy"
+    for f in findings:
+        if _RANK[f.level] > _RANK[worst]:
+            worst = f.level
+    return worst
+
+
+def check_host(
+    host: str,
+    facts: Facts,
+    thresholds: Thresholds,
+    *,
+    expected_gpus: int | None = None,
+    source_status: Mapping[str, str] | None = None,
+    uptime_s: float | None = None,
+    bundle: str | None = None,
+) -> HostHealth:
+    """Every health check of one host. `source_status`: bundle source name -> ok/failed/timeout."""
+    status = dict(source_status or {})
+    driver = facts.smi.driver_version if facts.smi else None
+    if facts.ssh_error is not None:
+        f = HealthFinding(
+            code="host-unreachable", level="warning", message=f"not checked: {facts.ssh_error}"
+        )
+        return HostHealth(
+            host=host,
+            verdict="warning",
+            findings=(f,),
+            gpus_expected=expected_gpus,
+            bundle=bundle,
+            error=facts.ssh_error,
+        )
+    found: list[HealthFinding] = []
+    found += _driver(facts, status)
+    found += _gpu_count(facts, expected_gpus)
+    found += _xids(facts, thresholds, uptime_s)
+    found += _ecc(facts)
+    found += _thermal(facts, thresholds)
+    found += _stragglers(facts, thresholds)
+    found += _toolkit(facts)
+    found += _containers(facts, thresholds)
+    found += _disks(facts, thresholds)
+    found += _nccl(facts)
+    unique = {f.key: f for f in found}
+    ordered = sorted(unique.values(), key=lambda f: (-_RANK[f.level], f.code, f.subject))
+    return HostHealth(
+        host=host,
+        verdict=verdict_of(ordered),
+        findings=tuple(ordered),
+        gpus_seen=facts.host_gpu_count,
+        gpus_expected=expected_gpus,
+        driver=driver,
+        toolkit=facts.toolkit.splitlines()[0][:120] if facts.toolkit else None,
+        bundle=bundle,
+    )
+
+
+def _driver(facts: Facts, status: Mapping[str, str]) -> list[HealthFinding]:
+    out = []
+    if status.get("nvidia-smi") == "timeout":
+        out.append(
+            HealthFinding(
+                code="nvidia-smi-hung",
+                level="drain",
+                message="nvidia-smi did not answer within its timeout (a hung GPU or driver)",
+            )
+        )
+    smi = facts.smi
+    if smi is None or smi.status == "ok":
+        return out
+    line = (smi.status_line,) if smi.status_line else ()
+    codes: dict[str, tuple[str, Level]] = {
+        "driver-not-loaded": ("driver-not-loaded", "drain"),
+        "library-mismatch": ("driver-library-mismatch", "drain"),
+        "no-devices": ("no-gpus-found", "drain"),
+        "not-found": ("nvidia-smi-missing", "drain"),
+        "error": ("nvidia-smi-error", "drain"),
+    }
+    if smi.status in codes:
+        code, level = codes[smi.status]
+        text = smi.status_line.text if smi.status_line else smi.status
+        out.append(HealthFinding(code=code, level=level, message=text[:300], evidence=line))
+    return out
+
+
+def _gpu_count(facts: Facts, expected: int | None) -> list[HealthFinding]:
+    seen = facts.host_gpu_count
+    if expected is None or seen == 0 or seen >= expected:
+        return []  # seen == 0 is the driver finding's business
+    return [
+        HealthFinding(
+            code="gpu-count-low",
+            level="drain",
+            message=f"{seen} GPUs visible, the inventory expects {expected}",
+        )
+    ]
+
+
+def parse_uptime(text: str | None) -> float | None:
+    """``/proc/uptime`` ("12345.67 54321.00") -> seconds since boot."""
+    if not text:
+        return None
+    try:
+        return float(text.split()[0])
+    except (ValueError, IndexError):
+        return None
+
+
+def _in_window(
+    when: datetime | None,
+    stamp_uptime: float | None,
+    facts: Facts,
+    uptime_s: float | None,
+    window: timedelta,
+) -> bool:
+    if when is not None and facts.collected_at is not None:
+        ref = facts.collected_at
+        when = when if when.tzinfo else when.replace(tzinfo=ref.tzinfo)
+        return ref - window <= when <= ref + timedelta(minutes=10)
+    if stamp_uptime is not None and uptime_s is not None:
+        age = uptime_s - stamp_uptime
+        return age <= window.total_seconds()  # age < 0: logged after the uptime was read
+    return True  # no time known: a kernel log only keeps this boot's events
+
+
+def _xids(facts: Facts, t: Thresholds, uptime_s: float | None) -> list[HealthFinding]:
+    if facts.kernel is None:
+        return []
+    window = timedelta(hours=t.xid_window_h)
+    events: dict[tuple[int, str], list[Line]] = {}
+    for x in facts.kernel.xids:
+        info = knowledge.xid_info(x.code)
+        if info is not None and (info.noisy or info.severity == "info"):
+            continue
+        if not _in_window(x.timestamp, x.uptime_s, facts, uptime_s, window):
+            continue
+        events.setdefault((x.code, x.pci or "?"), []).append(x.line)
+    out = []
+    for (code, pci), lines in sorted(events.items()):
+        info = knowledge.xid_info(code)
+        level: Level = (
+            "drain" if info is None or info.fault or info.severity == "critical" else ("warning")
+        )
+        what = f"{info.mnemonic}: {info.immediate_action}" if info else "unknown Xid"
+        out.append(
+            HealthFinding(
+                code=f"xid-{code}",
+                level=level,
+                subject=pci,
+                message=f"Xid {code} on {pci} within {t.xid_window_h:g} h ({what}); "
+                f"{len(lines)} line(s)",
+                evidence=tuple(lines[:3]),
+            )
+        )
+    return out
+
+
+def _ecc(facts: Facts) -> list[HealthFinding]:
+    if facts.smi_xml is None:
+        return []
+    rules = knowledge.ecc_rules()
+    out = []
+    for gpu in facts.smi_xml.gpus:
+        subject = gpu.bus_id or f"gpu{gpu.position}"
+        values = ecc_counters(gpu)
+        pending = bool(gpu.retired_pages and gpu.retired_pages.pending_blacklist)
+        for name, rule in rules.rules():
+            if rule.trips(values, pending_blacklist=pending):
+                shown = {c: values[c] for c in rule.counters if c in values}
+                out.append(
+                    HealthFinding(
+                        code=f"ecc-{name.replace('_', '-')}",
+                        level="drain" if rule.severity == "fault" else "warning",
+                        subject=subject,
+                        message=f"{name.replace('_', ' ')}: {shown} ({rule.op} {rule.threshold})",
+                    )
+                )
+        if (gpu.reset_required or "").lower() == "yes":
+            out.append(
+                HealthFinding(
+                    code="gpu-reset-required",
+                    level="drain",
+                    subject=subject,
+                    message="nvidia-smi reports the GPU needs a reset",
+                )
+            )
+    return out
+
+
+def _thermal(facts: Facts, t: Thresholds) -> list[HealthFinding]:
+    out = []
+    if facts.smi_xml is not None:
+        for gpu in facts.smi_xml.gpus:
+            active = [r for r in gpu.clock_event_reasons_active if r in t.throttle_reasons]
+            if active:
+                out.append(
+                    HealthFinding(
+                        code="gpu-throttled",
+                        level="warning",
+                        subject=gpu.bus_id or f"gpu{gpu.position}",
+                        message=f"clocks held down: {', '.join(sorted(active))}",
+                    )
+                )
+    gpus = facts.smi.gpus if facts.smi is not None else ()
+    for g in gpus:
+        if g.temperature_c is not None and g.temperature_c > t.temperature_max_c:
+            out.append(
+                HealthFinding(
+                    code="gpu-hot",
+                    level="warning",
+                    subject=g.bus_id or f"gpu{g.index}",
+                    message=f"{g.temperature_c} C (threshold {t.temperature_max_c} C)",
+                    evidence=(g.line,) if g.line else (),
+                )
+            )
+    return out
+
+
+def _stragglers(facts: Facts, t: Thresholds) -> list[HealthFinding]:
+    """A GPU whose SM clock sits far under its busy peers' median (needs 3+ busy GPUs)."""
+    if facts.smi_xml is None:
+        return []
+    busy = [
+        g for g in facts.smi_xml.gpus if g.sm_clock_mhz and (g.utilization_gpu_percent or 0) >= 50
+    ]
+    if len(busy) < 3:
+        return []
+    median = statistics.median(g.sm_clock_mhz or 0 for g in busy)
+    return [
+        HealthFinding(
+            code="gpu-straggler",
+            level="warning",
+            subject=g.bus_id or f"gpu{g.position}",
+            message=f"SM clock {g.sm_clock_mhz} MHz under {t.straggler_ratio:g} x the node "
+            f"median {median:g} MHz",
+        )
+        for g in busy
+        if (g.sm_clock_mhz or 0) < t.straggler_ratio * median
+    ]
+
+
+def _toolkit(facts: Facts) -> list[HealthFinding]:
+    if not facts.toolkit_missing:
+        return []
+    return [
+        HealthFinding(
+            code="toolkit-missing",
+            level="warning",
+            message="neither nvidia-ctk nor nvidia-container-cli is installed: containers "
+            "cannot be given GPUs",
+        )
+    ]
+
+
+def _containers(facts: Facts, t: Thresholds) -> list[HealthFinding]:
+    out = []
+    for name, c in sorted(facts.containers.items()):
+        ins = c.inspect
+        if ins is None or not ins.wants_gpu:
+            continue
+        if not ins.has_gpu_access:
+            out.append(
+                HealthFinding(
+                    code="container-no-gpu-request",
+                    level="warning",
+                    subject=name,
+                    message=f"{name} ({ins.image}) wants GPUs but was started without --gpus",
+                    evidence=tuple(ln for ln in [c.inspect_lines.get("DeviceRequests")] if ln),
+                )
+            )
+        measured = c.shm.size if c.shm is not None and c.shm.size else ins.shm_size
+        size = measured if measured is not None else 64 * _MIB  # Docker's default
+        if ins.ipc_mode != "host" and size < t.shm_min_mib * _MIB:
+            out.append(
+                HealthFinding(
+                    code="container-shm-small",
+                    level="warning",
+                    subject=name,
+                    message=f"{name}: /dev/shm is {size // _MIB} MiB (< {t.shm_min_mib} MiB for "
+                    "multi-worker DataLoaders)",
+                    evidence=tuple(ln for ln in [c.inspect_lines.get("ShmSize")] if ln),
+                )
+            )
+        if t.memlock_for_rdma and _uses_rdma(ins.env, ins.devices):
+            memlock = c.ulimits.memlock_kb if c.ulimits is not None else None
+            if memlock is not None and memlock != -1:
+                out.append(
+                    HealthFinding(
+                        code="container-memlock-low",
+                        level="warning",
+                        subject=name,
+                        message=f"{name} uses RDMA but its memlock limit is {memlock} kB "
+                        "(needs unlimited)",
+                    )
+                )
+    return out
+
+
+def _uses_rdma(env: Mapping[str, str], devices: Iterable[str]) -> bool:
+    if any("/dev/infiniband" in d for d in devices):
+        return True
+    return env.get("NCCL_IB_DISABLE", "").strip() not in ("", "1") or bool(env.get("NCCL_IB_HCA"))
+
+
+def _disks(facts: Facts, t: Thresholds) -> list[HealthFinding]:
+    return [
+        HealthFinding(
+            code="disk-full",
+            level="warning",
+            subject=fs.mount,
+            message=f"{fs.mount} is {fs.use_percent}% full (threshold {t.disk_used_max_pct}%)",
+            evidence=(fs.line,),
+        )
+        for fs in facts.df
+        if fs.use_percent is not None and fs.use_percent >= t.disk_used_max_pct
+    ]
+
+
+def _nccl(facts: Facts) -> list[HealthFinding]:
+    if facts.nccl is None:
+        return []
+    from runbooks.rules import nccl_below_floor
+
+    short = nccl_below_floor(facts)
+    if short is None:
+        return []
+    return [
+        HealthFinding(
+            code="nccl-bandwidth-low", level="warning", message=short.reason, evidence=(short.line,)
+        )
+    ]
+
+
+# -- sweep-to-sweep differences ----------------------------------------------------------------
+Change = Literal["new", "changed", "resolved"]
+
+
+class HostChange(Frozen):
+    host: str
+    change: Change
+    code: str
+    subject: str = ""
+    level: Level | None = None  # None for resolved
+    message: str
+
+
+def snapshot(health: Iterable[HostHealth]) -> dict[str, dict[str, dict[str, str]]]:
+    """What a sweep saw, as stored between sweeps: host -> finding key -> {level, message...}."""
+    return {
+        h.host: {
+            f.key: {"code": f.code, "subject": f.subject, "level": f.level, "message": f.message}
+            for f in h.findings
+        }
+        for h in health
+    }
+
+
+def _signature(entry: Mapping[str, str]) -> str:
+    """What counts as a change: the level, and the message without volatile numbers."""
+    return entry.get("level", "") + "|" + entry.get("code", "")
+
+
+def diff(
+    before: Mapping[str, Mapping[str, Mapping[str, str]]],
+    after: Mapping[str, Mapping[str, Mapping[str, str]]],
+) -> list[HostChange]:
+    """New, changed (level went up or down) and resolved findings; unchanged ones are silent.
+
+    Hosts absent from `after` (not swept this time) keep their old state: nothing is resolved."""
+    out: list[HostChange] = []
+    for host in sorted(after):
+        old, new = before.get(host, {}), after[host]
+        for key in sorted(new):
+            entry = new[key]
+            level = entry.get("level")
+            lvl: Level | None = level if level in ("warning", "drain") else None  # type: ignore[assignment]
+            if key not in old:
+                change: Change | None = "new"
+            elif _signature(old[key]) != _signature(entry) or _message_changed(old[key], entry):
+                change = "changed"
+            else:
+                change = None
+            if change is not None:
+                out.append(
+                    HostChange(
+                        host=host,
+                        change=change,
+                        code=entry.get("code", key),
+                        subject=entry.get("subject", ""),
+                        level=lvl,
+                        message=entry.get("message", ""),
+                    )
+                )
+        for key in sorted(set(old) - set(new)):
+            out.append(
+                HostChange(
+                    host=host,
+                    change="resolved",
+                    code=old[key].get("code", key),
+                    subject=old[key].get("subject", ""),
+                    message=old[key].get("message", ""),
+                )
+            )
+    return out
+
+
+def _message_changed(old: Mapping[str, str], new: Mapping[str, str]) -> bool:
+    """Xid findings change when more events arrive; other messages carry live numbers (a disk's
+    percentage, a temperature) that must not re-alert while the level stays the same."""
+    return new.get("code", "").startswith("xid-") and old.get("message") != new.get("message")

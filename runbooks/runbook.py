@@ -1,0 +1,156 @@
+"""Runbooks: what a response or a sweep collects, which thresholds it applies, which fixes may run
+without a person. Declarative YAML validated by pydantic; operators edit a runbook, not code.
+
+The packaged runbooks are ``runbooks/incident.yaml`` (incident response) and
+``runbooks/sweep.yaml`` (fleet health sweep); ``CUDAMEDIC_RUNBOOK`` / ``CUDAMEDIC_SWEEP_RUNBOOK``
+(or ``runbook:`` / ``sweep_runbook:`` in the config file) point at an edited copy. Example, adding
+a host command and lowering a threshold::
+
+    host_sources:
+      - {name: nvidia-topo, path: commands/nvidia-smi-topo.txt, command: nvidia-smi topo -m}
+    thresholds:
+      shm_min_mib: 2048
+
+An unknown key, a probe name that does not exist or an unsafe fix class is refused with the file
+and the key in the message.
+"""
+
+from __future__ import annotations
+
+import functools
+from importlib import resources
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from runbooks.errors import InputError
+from runbooks.policy import Policy
+from runbooks.sources import BUILTIN_PROBES, ContainerProbe, HostSource
+
+Kind = Literal["incident", "sweep"]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class Thresholds(_Strict):
+    """Health-check thresholds (the sweep) — each with the fact it is compared against."""
+
+    xid_window_h: float = Field(default=24.0, gt=0)  # Xid events older than this are history
+    shm_min_mib: int = Field(default=1024, ge=0)  # /dev/shm of GPU containers (DataLoader workers)
+    disk_used_max_pct: int = Field(default=90, ge=1, le=100)  # any filesystem above: warning
+    temperature_max_c: int = Field(default=85, gt=0)  # GPU core temperature: warning above
+    throttle_reasons: tuple[str, ...] = (  # active clock-event reasons that are a warning
+        "hw_slowdown",
+        "hw_thermal_slowdown",
+        "hw_power_brake_slowdown",
+        "sw_thermal_slowdown",
+    )
+    straggler_ratio: float = Field(default=0.8, gt=0, le=1)  # GPU clock under ratio x median
+    memlock_for_rdma: bool = True  # flag RDMA containers without an unlimited memlock
+
+
+class Breaker(_Strict):
+    """Fleet-wide circuit breaker for unattended fixes; a person resets it."""
+
+    max_unattended_fixes: int = Field(default=3, ge=1)
+    window_min: float = Field(default=30.0, gt=0)
+
+
+class Timeouts(_Strict):
+    """Per-step timeouts of the flows, in seconds (each remote call has its own, shorter one)."""
+
+    collect: float = Field(default=300.0, gt=0)
+    classify: float = Field(default=120.0, gt=0)
+    apply: float = Field(default=900.0, gt=0)
+    report: float = Field(default=60.0, gt=0)
+    approval: float = Field(default=3600.0, gt=0)  # how long a fix waits for a person
+
+
+class Runbook(_Strict):
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,60}$")
+    kind: Kind
+    description: str = ""
+    host_sources: tuple[HostSource, ...] = Field(min_length=1)
+    container_probes: tuple[ContainerProbe, ...] = ()
+    container_logs: bool = True
+    nccl_tests: bool = False  # also needs Settings.nccl_tests_enabled
+    thresholds: Thresholds = Thresholds()
+    fixes: Policy = Policy()
+    circuit_breaker: Breaker = Breaker()
+    timeouts: Timeouts = Timeouts()
+    retries: int = Field(default=1, ge=0, le=5)  # for collection only; side effects never retry
+    batch_size: int = Field(default=25, ge=1, le=500)  # sweep: hosts per Prefect task
+    concurrency: int = Field(default=32, ge=1, le=512)  # sweep: hosts checked at once
+
+    @field_validator("container_probes", mode="before")
+    @classmethod
+    def _probes(cls, value: object) -> object:
+        """A probe is a built-in's name (``torch``) or ``{name, argv}``."""
+        if not isinstance(value, list | tuple):
+            return value
+        out: list[object] = []
+        for item in value:
+            if isinstance(item, str):
+                if item not in BUILTIN_PROBES:
+                    raise ValueError(
+                        f"unknown probe {item!r}; built-in probes: {', '.join(BUILTIN_PROBES)}"
+                    )
+                out.append(BUILTIN_PROBES[item])
+            else:
+                out.append(item)
+        return out
+
+    @model_validator(mode="after")
+    def _unique(self) -> Runbook:
+        for label, names in (
+            ("host_sources", [s.name for s in self.host_sources]),
+            ("host_sources paths", [s.path for s in self.host_sources]),
+            ("container_probes", [p.name for p in self.container_probes]),
+        ):
+            dup = {n for n in names if names.count(n) > 1}
+            if dup:
+                raise ValueError(f"{label}: duplicate {', '.join(sorted(dup))}")
+        return self
+
+
+def load_runbook(path: Path | None = None, kind: Kind = "incident") -> Runbook:
+    """The runbook at `path`, or the packaged one of that kind."""
+    if path is None:
+        return _packaged(kind)
+    try:
+        text = Path(path).expanduser().read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InputError(f"cannot read runbook {path}: {exc}") from exc
+    book = parse_runbook(text, str(path))
+    if book.kind != kind:
+        raise InputError(f"runbook {path} is a {book.kind} runbook; a {kind} runbook is needed")
+    return book
+
+
+def parse_runbook(text: str, origin: str = "<runbook>") -> Runbook:
+    """Validate runbook YAML text; every problem is one InputError naming the key."""
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise InputError(f"runbook {origin} is not valid YAML: {exc}") from None
+    if not isinstance(data, dict):
+        raise InputError(f"runbook {origin} must be a YAML mapping, got {type(data).__name__}")
+    try:
+        return Runbook.model_validate(data)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in e['loc']) or '(top)'}: {e['msg']}" for e in exc.errors()
+        )
+        raise InputError(f"invalid runbook {origin}: {problems}") from None
+    except (TypeError, ValueError) as exc:  # odd YAML (e.g. unhashable keys) pydantic rejects
+        raise InputError(f"invalid runbook {origin}: {exc}") from None
+
+
+@functools.cache
+def _packaged(kind: Kind) -> Runbook:
+    text = resources.files("runbooks").joinpath(f"{kind}.yaml").read_text(encoding="utf-8")
+    return parse_runbook(text, f"runbooks/{kind}.yaml")

@@ -1,0 +1,237 @@
+"""Deployments on a real Prefect server: deploy/prefect.yaml on a process work pool with two
+workers (a distributed sweep shared between them, an incident response run with
+`prefect deployment run`), and `cudamedic serve`."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+from uuid import UUID
+
+import pytest
+
+from runbooks.settings import Settings
+from tests.lab.lab import LabState
+from tests.test_fix import cli_env, fix_settings  # noqa: F401 - fixture
+from tests.test_flows import sweep_runbook
+
+ROOT = Path(__file__).parents[1]
+BIN = Path(sys.executable).parent
+PREFECT = [str(BIN / "prefect")]
+
+
+@pytest.fixture
+def env(prefect_api: str, lab: LabState, fix_settings: Settings, tmp_path: Path) -> dict[str, str]:  # noqa: F811
+    return cli_env(
+        lab,
+        fix_settings,
+        PREFECT_API_URL=prefect_api,
+        CUDAMEDIC_HOME=str(ROOT),
+        CUDAMEDIC_SWEEP_RUNBOOK=str(sweep_runbook(tmp_path, **{"batch_size: 25": "batch_size: 2"})),
+        PREFECT_WORKER_QUERY_SECONDS="1",
+        PREFECT_LOGGING_LEVEL="INFO",
+    )
+
+
+def prefect(
+    env: dict[str, str], *args: str, timeout: float = 240
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*PREFECT, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout
+    )
+
+
+@pytest.fixture
+def background() -> Iterator[Any]:
+    """Start long-running processes (workers, `cudamedic serve`); stop them all at the end."""
+    procs: list[tuple[subprocess.Popen[bytes], Path]] = []
+
+    def start(argv: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
+        out = open(log, "wb")  # noqa: SIM115 - closed with the process
+        proc = subprocess.Popen(
+            argv, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        )
+        procs.append((proc, log))
+        return proc
+
+    yield start
+    for proc, _ in procs:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGINT)
+    for proc, _ in procs:
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def flow_run_id(out: str) -> str:
+    m = re.search(r"UUID: ([0-9a-f-]{36})", out)
+    assert m, out
+    return m.group(1)
+
+
+def run_info(run_id: str) -> tuple[str, dict[str, str]]:
+    """(final state name, artifacts key -> markdown) of a flow run."""
+    from prefect import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId
+
+    with get_client(sync_client=True) as client:
+        run = client.read_flow_run(UUID(run_id))
+        arts = client.read_artifacts(
+            artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[run.id]))
+        )
+    return (run.state.name if run.state else "?"), {a.key or "": str(a.data) for a in arts}
+
+
+def pause_schedules(deployment: str) -> None:
+    """The deployed cron sweep must not fire in the middle of a test ..."""
+    from prefect import get_client
+    from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterId
+
+    with get_client(sync_client=True) as client:
+        dep = client.read_deployment_by_name(deployment)
+        for sched in dep.schedules:
+            client.update_deployment_schedule(dep.id, sched.id, active=False)
+        # ... nor a run the scheduler created before the pause.
+        ahead = client.read_flow_runs(
+            deployment_filter=DeploymentFilter(id=DeploymentFilterId(any_=[dep.id]))
+        )
+        for run in ahead:
+            if run.state is not None and run.state.is_scheduled():
+                client.delete_flow_run(run.id)
+
+
+def test_prefect_yaml_on_a_work_pool_with_two_workers(
+    env: dict[str, str], background: Any, tmp_path: Path
+) -> None:
+    pool = f"cudamedic-test-{uuid.uuid4().hex[:6]}"
+    env = {**env, "CUDAMEDIC_WORK_POOL": pool}
+    made = prefect(env, "work-pool", "create", pool, "--type", "process")
+    assert made.returncode == 0, made.stdout + made.stderr
+    deployed = prefect(
+        env, "--no-prompt", "deploy", "--all", "--prefect-file", "deploy/prefect.yaml"
+    )
+    assert deployed.returncode == 0, deployed.stdout + deployed.stderr
+    pause_schedules("fleet-health-check/fleet-sweep")
+    logs = {name: tmp_path / f"{name}.log" for name in ("w1", "w2")}
+    for name, log in logs.items():
+        background(
+            [*PREFECT, "worker", "start", "--pool", pool, "--name", name, "--limit", "2"], env, log
+        )
+
+    # An incident response, started the way an operator (or an alert automation) starts one.
+    ran = prefect(
+        env,
+        "deployment",
+        "run",
+        "incident-response/incident-response",
+        "--param",
+        "target=gpu-nodriver",
+        "--param",
+        "trigger_text=nvidia-smi fails",
+        "--watch",
+    )
+    assert ran.returncode == 0, (
+        ran.stdout + ran.stderr + "".join(p.read_text() for p in logs.values())
+    )
+    state, arts = run_info(flow_run_id(ran.stdout))
+    assert state == "Completed"
+    assert "driver-not-loaded" in arts["postmortem-gpu-nodriver"]
+
+    # The fleet sweep (distribute: true in prefect.yaml): 8 lab hosts in batches of 2, each
+    # batch a sweep-batch run that either worker may take; each worker runs 2 flows at most,
+    # so the sweep itself and its batches are shared.
+    swept = prefect(
+        env, "deployment", "run", "fleet-health-check/fleet-sweep", "--watch", timeout=400
+    )
+    text = "".join(p.read_text() for p in logs.values())
+    assert swept.returncode == 0, swept.stdout + swept.stderr + text
+    state, arts = run_info(flow_run_id(swept.stdout))
+    assert state == "Completed"
+    table = arts["fleet-sweep"]
+    for host in ("gpu-nodriver", "gpu-xid79", "gpu-mismatch", "gpu-hang"):
+        assert re.search(rf"\| {host} \| \*\*drain\*\*", table), table
+    submitted = {name: taken(log.read_text()) for name, log in logs.items()}
+    assert all(submitted.values()), submitted  # both workers took runs
+    names = sorted(flow_name(r) for runs in submitted.values() for r in runs)
+    assert names == ["fleet-health-check", "incident-response"] + ["sweep-batch"] * 4, names
+
+
+def taken(log: str) -> list[str]:
+    """The flow runs a worker's log says it submitted and did not leave to another worker."""
+    aborted = set(re.findall(r"Aborted submission of flow run '([0-9a-f-]{36})'", log))
+    submitted = re.findall(r"submitting flow run '([0-9a-f-]{36})'", log)
+    return [r for r in dict.fromkeys(submitted) if r not in aborted]
+
+
+def flow_name(run_id: str) -> str:
+    from prefect import get_client
+
+    with get_client(sync_client=True) as client:
+        return client.read_flow(client.read_flow_run(UUID(run_id)).flow_id).name
+
+
+def test_cudamedic_serve_runs_an_incident_response(
+    env: dict[str, str], background: Any, tmp_path: Path
+) -> None:
+    env = {**env, "CUDAMEDIC_SWEEP_SCHEDULE": "0 0 1 1 *"}
+    # A deployment of the same name on a work pool is refused with a clear message ...
+    pool = f"cudamedic-test-{uuid.uuid4().hex[:6]}"
+    assert prefect(env, "work-pool", "create", pool, "--type", "process").returncode == 0
+    from prefect import get_client
+    from prefect.exceptions import ObjectNotFound
+
+    names = [
+        "incident-response/incident-response",
+        "fleet-health-check/fleet-sweep",
+        "sweep-batch/sweep-batch",
+    ]
+    with get_client(sync_client=True) as client:
+        for name in names:
+            try:
+                client.delete_deployment(client.read_deployment_by_name(name).id)
+            except ObjectNotFound:
+                pass
+        flow_id = client.create_flow_from_name("incident-response")
+        dep_id = client.create_deployment(
+            flow_id=flow_id, name="incident-response", work_pool_name=pool
+        )
+    refused = subprocess.run(
+        [str(BIN / "cudamedic"), "serve"], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert refused.returncode == 2, refused.stdout + refused.stderr
+    assert f"already runs on work pool '{pool}'" in refused.stderr
+    assert "Traceback" not in refused.stderr
+    # ... and once it is gone, `cudamedic serve` serves the three deployments.
+    with get_client(sync_client=True) as client:
+        client.delete_deployment(dep_id)
+    serve = background([str(BIN / "cudamedic"), "serve"], env, tmp_path / "serve.log")
+    log = tmp_path / "serve.log"
+    deadline = time.monotonic() + 90
+    while "Your deployments are being served" not in log.read_text():
+        assert serve.poll() is None, log.read_text()
+        assert time.monotonic() < deadline, log.read_text()
+        time.sleep(0.5)
+    ran = prefect(
+        env,
+        "deployment",
+        "run",
+        "incident-response/incident-response",
+        "--param",
+        "target=gpu-mismatch",
+        "--watch",
+    )
+    assert ran.returncode == 0, ran.stdout + ran.stderr + log.read_text()
+    state, arts = run_info(flow_run_id(ran.stdout))
+    assert state == "Completed"
+    assert "driver-library-mismatch" in arts["postmortem-gpu-mismatch"]

@@ -1,0 +1,389 @@
+"""The Prefect flows on a real Prefect server and the lab: `cudamedic triage` (dry run, approval,
+rejection, two triggers at once, unattended policy and the circuit breaker) and `cudamedic sweep`.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import docker
+import pytest
+import yaml
+from docker.types import DeviceRequest
+
+from runbooks.settings import Settings
+from tests.lab.lab import LabState
+from tests.test_fix import (  # noqa: F401 - fixtures
+    CLI,
+    SHM_WORKLOAD,
+    cli_env,
+    fix_settings,
+    volume,
+    volume_text,
+)
+
+GPUS_ALL = [DeviceRequest(count=-1, capabilities=[["gpu"]])]
+
+
+@pytest.fixture
+def env(prefect_api: str, lab: LabState, fix_settings: Settings) -> dict[str, str]:  # noqa: F811
+    return cli_env(lab, fix_settings, PREFECT_API_URL=prefect_api)
+
+
+def cudamedic(
+    env: dict[str, str], *args: str, timeout: float = 180
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*CLI, *args], capture_output=True, text=True, env=env, timeout=timeout, check=False
+    )
+
+
+def field(out: str, name: str) -> str:
+    m = re.search(rf"^{name}:\s+(.*)$", out, re.M)
+    assert m, f"no {name}: line in\n{out}"  # callers pass stdout + stderr on failure
+    return m.group(1).strip()
+
+
+def shm_container(make_container: Any, name: str, vol: str) -> Any:
+    c = make_container(
+        name, SHM_WORKLOAD, volumes={vol: {"bind": "/data"}}, device_requests=GPUS_ALL
+    )
+    c.wait(timeout=30)  # dd fails on Docker's 64 MB /dev/shm and the container exits
+    return c
+
+
+def artifacts_of(run_id: str) -> dict[str, str]:
+    from uuid import UUID
+
+    from prefect import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId
+
+    with get_client(sync_client=True) as client:
+        arts = client.read_artifacts(
+            artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[UUID(run_id)]))
+        )
+    return {a.key or "": str(a.data) for a in arts}
+
+
+def run_id_of(out: str) -> str:
+    m = re.search(r"/runs/flow-run/([0-9a-f-]{36})", out)
+    assert m, out
+    return m.group(1)
+
+
+def test_triage_dry_run_diagnoses_plans_and_reports(
+    env: dict[str, str],
+    make_container,
+    container_name: str,
+    gpu_engine,
+    volume: str,  # noqa: F811
+) -> None:
+    c = shm_container(make_container, container_name, volume)
+    done = cudamedic(
+        env,
+        "triage",
+        "gpu-healthy",
+        "--container",
+        container_name,
+        "--trigger",
+        "RuntimeError: DataLoader worker (pid 4242) is killed by signal: Bus error.",
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    out = done.stdout
+    assert field(out, "incident").startswith("shm-too-small (confidence 0.9")
+    assert "+ --shm-size 8g" in out
+    assert field(out, "outcome").startswith("planned: dry run")
+    report = Path(field(out, "report"))
+    text = report.read_text()
+    assert "## Root cause" in text and "shm-too-small" in text and "Bus error" in text
+    assert gpu_engine.containers.get(container_name).id == c.id, "a dry run changes nothing"
+    arts = artifacts_of(run_id_of(out))
+    assert "postmortem-gpu-healthy" in arts and "## Timeline" in arts["postmortem-gpu-healthy"]
+    assert "Traceback" not in done.stderr
+
+
+def test_triage_waits_for_approval_then_fixes_verifies_and_reports(
+    env: dict[str, str],
+    make_container,
+    container_name: str,
+    gpu_engine,
+    volume: str,  # noqa: F811
+) -> None:
+    shm_container(make_container, container_name, volume)
+    data = volume_text(gpu_engine, volume)
+    proc = subprocess.Popen(
+        [
+            *CLI,
+            "triage",
+            "gpu-healthy",
+            "--container",
+            container_name,
+            "--apply",
+            "--no-input",
+            "--trigger",
+            "train job died: Bus error",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    try:
+        assert proc.stdout is not None
+        lines: list[str] = []
+        run_id = None
+        deadline = time.monotonic() + 120
+        while run_id is None and time.monotonic() < deadline:
+            line = proc.stdout.readline()
+            if not line:
+                break
+            lines.append(line)
+            if m := re.search(r"waiting for approval: `cudamedic approve ([0-9a-f-]{36})`", line):
+                run_id = m.group(1)
+        assert run_id, "".join(lines)
+        plan = "".join(lines)
+        assert "+ --shm-size 8g" in plan and "the original error does not recur" in plan
+        # Nothing happens while it waits.
+        assert gpu_engine.containers.get(container_name).attrs["HostConfig"]["ShmSize"] == 64 << 20
+        ok = cudamedic(env, "approve", run_id, "--by", "alice", "--reason", "shm is the cause")
+        assert ok.returncode == 0, ok.stderr
+        assert "approve sent" in ok.stdout
+        rest, err = proc.communicate(timeout=180)
+    finally:
+        proc.kill()
+    out = "".join(lines) + rest
+    assert proc.returncode == 0, out + err
+    assert field(out, "outcome").startswith("fixed")
+    assert field(out, "approval") == "approve by alice (shm is the cause)"
+    new = gpu_engine.containers.get(container_name)
+    assert new.status == "running" and new.attrs["HostConfig"]["ShmSize"] == 8 << 30
+    assert volume_text(gpu_engine, volume) == data
+    report = Path(field(out, "report")).read_text()
+    assert "Approval: approve by alice" in report
+    assert re.search(r"^- \d\d:\d\d:\d\d — waiting for approval: cudamedic approve", report, re.M)
+    assert "/runs/flow-run/" + run_id in report
+    assert "verified" in report.lower()
+    # A second answer changes nothing and says so.
+    again = cudamedic(env, "approve", run_id, "--reject")
+    assert again.returncode == 2 and "is not waiting for approval" in again.stderr
+    assert "Traceback" not in err
+
+
+def test_rejected_fix_changes_nothing(
+    env: dict[str, str],
+    make_container,
+    container_name: str,
+    gpu_engine,
+    volume: str,  # noqa: F811
+) -> None:
+    c = shm_container(make_container, container_name, volume)
+    proc = subprocess.Popen(
+        [*CLI, "triage", "gpu-healthy", "--container", container_name, "--apply", "--no-input"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    try:
+        assert proc.stdout is not None
+        run_id = None
+        for line in proc.stdout:
+            if m := re.search(r"cudamedic approve ([0-9a-f-]{36})` \(or", line):
+                run_id = m.group(1)
+                break
+        assert run_id
+        no = cudamedic(env, "approve", run_id, "--reject", "--by", "bob", "--reason", "mid-epoch")
+        assert no.returncode == 0, no.stderr
+        rest, _ = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 4
+    assert field(rest, "outcome") == "rejected: rejected by bob; nothing was changed"
+    assert gpu_engine.containers.get(container_name).id == c.id
+    assert "Approval: reject by bob (mid-epoch)" in Path(field(rest, "report")).read_text()
+
+
+def test_bad_approvals_are_clear_errors(env: dict[str, str]) -> None:
+    bad = cudamedic(env, "approve", "not-a-run-id")
+    assert bad.returncode == 2 and "is not a flow run id" in bad.stderr
+    unknown = cudamedic(env, "approve", "00000000-0000-0000-0000-000000000000")
+    assert unknown.returncode == 2 and "no flow run" in unknown.stderr
+
+
+def test_two_triggers_on_one_host_fix_it_once(
+    env: dict[str, str],
+    make_container,
+    container_name: str,
+    gpu_engine,
+    volume: str,  # noqa: F811
+) -> None:
+    shm_container(make_container, container_name, volume)
+    args = [*CLI, "triage", "gpu-healthy", "--container", container_name, "--apply", "--yes"]
+    procs = [
+        subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+        for _ in range(2)
+    ]
+    outs = [p.communicate(timeout=240) for p in procs]
+    outcomes = sorted(field(o, "outcome").split(":")[0] for o, _ in outs)
+    assert "fixed" in outcomes, outs
+    assert outcomes.count("fixed") == 1, outs
+    backups = [
+        c.name
+        for c in gpu_engine.containers.list(all=True)
+        if c.name.startswith(container_name + "-cudamedic-backup")
+    ]
+    assert len(backups) == 1, backups
+    assert gpu_engine.containers.get(container_name).attrs["HostConfig"]["ShmSize"] == 8 << 30
+
+
+def test_unattended_policy_and_the_circuit_breaker(
+    env: dict[str, str],
+    make_container,
+    container_name: str,
+    tmp_path: Path,
+    volume: str,  # noqa: F811
+) -> None:
+    book = (Path(__file__).parents[1] / "runbooks" / "incident.yaml").read_text()
+    book = book.replace("unattended: {}", "unattended: {shm-too-small: ['*']}")
+    book = book.replace("max_unattended_fixes: 3", "max_unattended_fixes: 1")
+    book = book.replace("approval: 3600", "approval: 6")
+    (tmp_path / "incident.yaml").write_text(book)
+    env = {**env, "CUDAMEDIC_RUNBOOK": str(tmp_path / "incident.yaml")}
+    assert cudamedic(env, "breaker", "reset").returncode == 0
+    try:
+        names = [f"{container_name}-{i}" for i in (1, 2)]
+        for n in names:
+            shm_container(make_container, n, volume)
+        first = cudamedic(
+            env, "triage", "gpu-healthy", "--container", names[0], "--apply", "--no-input"
+        )
+        assert field(first.stdout, "outcome").startswith("fixed"), first.stdout + first.stderr
+        assert field(first.stdout, "approval") == "approve by policy (runbook policy)"
+        # The breaker allows one unattended fix per window: the second waits for a person,
+        # nobody answers within the runbook's 6 s, nothing changes.
+        second = cudamedic(
+            env, "triage", "gpu-healthy", "--container", names[1], "--apply", "--no-input"
+        )
+        assert second.returncode == 4, second.stdout + second.stderr
+        assert field(second.stdout, "outcome").startswith("approval-timed-out")
+        report = Path(field(second.stdout, "report")).read_text()
+        assert "unattended fix held" in report and "circuit breaker tripped" in report
+        status = cudamedic(env, "breaker", "status")
+        assert status.returncode == 1 and status.stdout.startswith("OPEN")
+    finally:
+        reset = cudamedic(env, "breaker", "reset")
+    assert reset.returncode == 0 and "reset by" in reset.stdout
+    assert cudamedic(env, "breaker", "status").returncode == 0
+
+
+# -- the fleet sweep ---------------------------------------------------------------------------
+EXPECTED = {  # lab host -> (verdict, finding codes) with nccl-tests on
+    "gpu-healthy": ("healthy", set()),
+    "gpu-xid79": ("drain", {"xid-79@0000:02:00"}),
+    "gpu-nodriver": ("drain", {"driver-not-loaded"}),
+    "gpu-mismatch": ("drain", {"driver-library-mismatch"}),
+    "gpu-slow-nccl": ("warning", {"nccl-bandwidth-low"}),
+    "gpu-notoolkit": ("warning", {"toolkit-missing"}),
+    "gpu-nohook": ("healthy", set()),
+    "gpu-hang": ("drain", {"nvidia-smi-hung"}),
+}
+
+
+def sweep_runbook(tmp_path: Path, **edits: str) -> Path:
+    book = (Path(__file__).parents[1] / "runbooks" / "sweep.yaml").read_text()
+    for old, new in edits.items():
+        assert old in book
+        book = book.replace(old, new)
+    path = tmp_path / "sweep.yaml"
+    path.write_text(book)
+    return path
+
+
+def test_sweep_reports_each_planted_problem_once(
+    env: dict[str, str], tmp_path: Path, gpu_engine: docker.DockerClient
+) -> None:
+    env = {
+        **env,
+        "CUDAMEDIC_SWEEP_RUNBOOK": str(
+            sweep_runbook(tmp_path, **{"nccl_tests: false": "nccl_tests: true"})
+        ),
+    }
+    first = cudamedic(env, "sweep")
+    assert first.returncode == 0, first.stdout + first.stderr
+    report = Path(field(first.stdout, "report"))
+    text = report.read_text()
+    for host, (verdict, found) in EXPECTED.items():
+        row = next(ln for ln in text.splitlines() if ln.startswith(f"| {host} |"))
+        assert re.search(rf"\| (\*\*)?{verdict}(\*\*)? \|", row), row
+        for code in found:
+            assert code in row, row
+    assert set(changes(first.stdout, "new")) == {
+        (h, c) for h, (_, cs) in EXPECTED.items() for c in cs
+    }, first.stdout
+    assert len(changes(first.stdout, "new")) == sum(len(cs) for _, cs in EXPECTED.values())
+    assert "8 hosts" in first.stdout and "4 drain, 2 warning, 2 healthy" in first.stdout
+    # A drained host carries the incident flow's diagnosis.
+    assert re.search(r"gpu-xid79 \|.*gpu-hardware-fault", text), text
+    second = cudamedic(env, "sweep")
+    assert second.returncode == 0, second.stderr
+    assert "nothing new, changed or resolved since the last sweep" in second.stdout
+    assert changes(second.stdout, "new") == []
+    drain = cudamedic(env, "sweep", "--host", "gpu-nodriver", "--fail-on-drain")
+    assert drain.returncode == 1
+
+
+def changes(out: str, kind: str) -> list[tuple[str, str]]:
+    """(host, finding key) of each `kind` line of `cudamedic sweep`."""
+    return [
+        (host, code + (f"@{subject}" if subject else ""))
+        for host, code, subject in re.findall(
+            rf"^  {kind}\s+(\S+): (\S+)(?: \(([^)]+)\))?", out, re.M
+        )
+    ]
+
+
+def test_sweep_sees_container_flags_and_their_resolution(
+    env: dict[str, str], make_container, container_name: str, gpu_engine: docker.DockerClient
+) -> None:
+    make_container(container_name, "sleep 3600", device_requests=GPUS_ALL)
+    first = cudamedic(env, "sweep", "--host", "gpu-healthy")
+    assert first.returncode == 0, first.stdout + first.stderr
+    assert re.search(
+        rf"new\s+gpu-healthy: container-shm-small \({container_name}\) \[warning\]", first.stdout
+    ), first.stdout
+    make_container(container_name + "-x", "sleep 1")  # no GPU: not the sweep's business
+    assert "nothing new" in cudamedic(env, "sweep", "--host", "gpu-healthy").stdout
+    gpu_engine.containers.get(container_name).remove(force=True)
+    third = cudamedic(env, "sweep", "--host", "gpu-healthy")
+    assert re.search(
+        rf"resolved\s+gpu-healthy: container-shm-small \({container_name}\)", third.stdout
+    ), third.stdout
+
+
+def test_sweep_survives_an_unreachable_host_and_garbage_inventory(
+    env: dict[str, str], tmp_path: Path, lab: LabState
+) -> None:
+    inv = yaml.safe_load(Path(lab.inventory).read_text())
+    inv["hosts"]["ghost"] = {**inv["hosts"]["gpu-healthy"], "port": _closed_port()}
+    path = tmp_path / "inventory.yaml"
+    path.write_text(yaml.safe_dump(inv))
+    done = cudamedic(
+        env, "sweep", "--inventory", str(path), "--host", "ghost", "--host", "gpu-healthy"
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert re.search(r"new\s+ghost: host-unreachable \[warning\]", done.stdout), done.stdout
+    (tmp_path / "bad.yaml").write_text("hosts: [1, 2")
+    bad = cudamedic(env, "sweep", "--inventory", str(tmp_path / "bad.yaml"))
+    assert bad.returncode == 2 and "Traceback" not in bad.stderr, bad.stderr
+
+
+def _closed_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])  # closed again when the with block ends
