@@ -162,7 +162,6 @@ def _prefect(args: argparse.Namespace, settings: Settings) -> str:
 
 def cmd_triage(args: argparse.Namespace) -> int:
     from runbooks.journal import who
-
     from runbooks.runbook import load_runbook
     from runbooks.target import resolve_target
 
