@@ -130,8 +130,12 @@ def classify_task(bundle: str) -> Diagnosis:
 @task(name="plan-fix", cache_policy=NO_CACHE, timeout_seconds=120)
 def plan_task(
     target: Target, container: str, bundle: str, diagnosis: Diagnosis, settings: Settings
-) -> Prepared:
-    return plan_for(target, container, bundle, diagnosis, settings)
+) -> Prepared | str:
+    """The plan, or why there is none (an expected answer, not a task failure)."""
+    try:
+        return plan_for(target, container, bundle, diagnosis, settings)
+    except CudamedicError as exc:
+        return str(exc)
 
 
 @task(name="apply-fix", cache_policy=NO_CACHE, retries=0)
@@ -141,9 +145,14 @@ def apply_task(
     settings: Settings,
     approved_by: str,
     unattended: bool,
-) -> Outcome:
+) -> Outcome | str:
     with concurrency(host_lock(target.name), occupy=1, strict=True, timeout_seconds=600):
-        return execute(target, prepared, settings, approved_by=approved_by, unattended=unattended)
+        try:
+            return execute(
+                target, prepared, settings, approved_by=approved_by, unattended=unattended
+            )
+        except CudamedicError as exc:  # refused before any change: an answer, not a failure
+            return str(exc)
 
 
 @task(name="write-report", cache_policy=NO_CACHE, timeout_seconds=120)
@@ -245,11 +254,12 @@ def incident_response(
     prepared = Prepared(bundle=bundle, diagnosis=diagnosis, recovered=recovered)
     no_plan: str | None = None
     if subject and subject != "log" and diagnosis.fix is not None and diagnosis.fix.safe:
-        try:
-            prepared = plan_task(tgt, subject, bundle, diagnosis, settings)
-        except CudamedicError as exc:
-            no_plan = str(exc)
+        planned = plan_task(tgt, subject, bundle, diagnosis, settings)
+        if isinstance(planned, str):
+            no_plan = planned
             mark("no plan", no_plan)
+        else:
+            prepared = planned
     plan = prepared.plan
     outcome: Outcome | None = None
     approval_text: str | None = None
@@ -297,14 +307,17 @@ def incident_response(
                     mark("refused", why_not)
                 else:
                     try:
-                        outcome = apply_task.with_options(timeout_seconds=book.timeouts.apply)(
+                        applied = apply_task.with_options(timeout_seconds=book.timeouts.apply)(
                             tgt, prepared, settings, decision.by, unattended
                         )
+                    except Exception as exc:  # the report is still written
+                        applied = f"{type(exc).__name__}: {exc}"
+                    if isinstance(applied, str):
+                        status, detail = "not-applied", applied
+                        mark("fix not applied", applied)
+                    else:
+                        outcome = applied
                         mark("fix applied", f"{outcome.status}: {outcome.message}")
-                    except Exception as exc:
-                        why_failed = str(exc) or type(exc).__name__
-                        status, detail = "not-applied", why_failed
-                        mark("fix not applied", why_failed)
 
     pm = postmortem(
         prepared,

@@ -17,17 +17,26 @@ BATCH = "sweep-batch"
 
 
 def deployments(settings: Settings) -> list[Any]:
+    from prefect.events import DeploymentEventTrigger
     from prefect.schedules import Cron
 
+    from flows.alerts import EVENT, RESOURCE_PREFIX, trigger_parameters
     from flows.incident import incident_response
     from flows.sweep import fleet_health_check, sweep_batch
 
     inventory = str(settings.inventory) if settings.inventory else None
+    on_alert = DeploymentEventTrigger(
+        name="alert starts a response",
+        expect={EVENT},
+        match={"prefect.resource.id": RESOURCE_PREFIX + "*"},
+        parameters=trigger_parameters(),
+    )
     return [
         incident_response.to_deployment(
             name=INCIDENT,
             description="Collect, diagnose, plan, approve, fix and report one incident",
             tags=["cudamedic"],
+            triggers=[on_alert],
         ),
         fleet_health_check.to_deployment(
             name=SWEEP,

@@ -25,11 +25,20 @@ from pydantic import BaseModel
 
 from flows.incident import run_url
 from reports.render import SweepChange, SweepHostRow, SweepSummary, render_sweep, sweep_report_name
+from reports.store import save_report
 from runbooks.health import HostChange, diff, snapshot
 from runbooks.inventory import Inventory, load_inventory
 from runbooks.runbook import Runbook, load_runbook
 from runbooks.settings import Settings, load_settings
-from runbooks.sweep import HostResult, batches, check_hosts, locked_state, select_hosts, summarize
+from runbooks.sweep import (
+    HostResult,
+    batches,
+    check_hosts,
+    failed_result,
+    locked_state,
+    select_hosts,
+    summarize,
+)
 
 BATCH_DEPLOYMENT = "sweep-batch/sweep-batch"
 INCIDENT_DEPLOYMENT = "incident-response/incident-response"
@@ -91,12 +100,14 @@ def _distributed(
         )
         state = run.state
         if state is None or not state.is_completed():
-            from runbooks.sweep import _failed
-
             why = f"batch run {run.id} ended {state.name if state else 'without a state'}"
-            return [_failed(n, why) for n in batch]
-        rows = state.result()
-        return [HostResult.model_validate(r) for r in rows]
+            return [failed_result(n, why) for n in batch]
+        try:
+            rows = state.result()
+            return [HostResult.model_validate(r) for r in rows]
+        except Exception as exc:  # e.g. result storage the workers do not share
+            why = f"batch run {run.id}: its result could not be read ({type(exc).__name__}: {exc})"
+            return [failed_result(n, why[:500]) for n in batch]
 
     with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, len(names))) as pool:
         return [r for part in pool.map(one, names) for r in part]
@@ -156,9 +167,7 @@ def fleet_health_check(
         links=links,
     )
     markdown = render_sweep(summary)
-    path = settings.reports_path / sweep_report_name(summary)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(markdown, encoding="utf-8")
+    path = save_report(settings.reports_path, sweep_report_name(summary), markdown)
     create_markdown_artifact(markdown=markdown, key="fleet-sweep", description="Fleet health sweep")
     create_table_artifact(
         table=[

@@ -277,6 +277,30 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_alerts(args: argparse.Namespace) -> int:
+    from runbooks.errors import InputError
+
+    settings = _settings(args)
+    inventory = _inventory(settings)
+    if inventory is None:
+        raise InputError("the alert receiver needs an inventory (--inventory)")
+    token = settings.alert_token.get_secret_value() if settings.alert_token else ""
+    _prefect(args, settings)
+    from flows.alerts import Seen, make_server
+
+    listen = args.listen or settings.alert_listen
+    port = args.port if args.port is not None else settings.alert_port
+    server = make_server(listen, port, token, inventory, Seen(settings.state_path / "alerts.json"))
+    print(
+        f"alert receiver: POST http://{listen}:{server.server_address[1]}/alertmanager", flush=True
+    )
+    try:
+        server.serve_forever()
+    finally:
+        server.server_close()
+    return 0
+
+
 def cmd_server(args: argparse.Namespace) -> int:
     from flows.server import (
         ensure_local_server,
@@ -410,6 +434,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--inventory", type=Path)
     p.set_defaults(func=cmd_serve)
+
+    p = sub.add_parser(
+        "alerts", help="receive Alertmanager webhooks; each new firing alert starts a response"
+    )
+    p.add_argument("--inventory", type=Path)
+    p.add_argument("--listen", help="address to bind (default 127.0.0.1)")
+    p.add_argument("--port", type=int, help="port (default 9095; 0 picks a free one)")
+    p.set_defaults(func=cmd_alerts)
 
     p = sub.add_parser("server", help="the embedded local Prefect server")
     p.add_argument("action", choices=["start", "stop", "status"])

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 from collections.abc import Iterator, Sequence
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -386,22 +385,9 @@ def postmortem(
 def save_postmortem(pm: PostMortem, settings: Settings) -> Path:
     """Write the rendered post-mortem into the reports directory; returns its path."""
     from reports.render import render_markdown, report_name
+    from reports.store import save_report
 
-    path = settings.reports_path / report_name(pm)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{id(pm)}.tmp")
-    tmp.write_text(render_markdown(pm), encoding="utf-8")
-    try:
-        for n in range(1, 1000):  # two responses started in the same second keep both reports
-            candidate = path if n == 1 else path.with_name(f"{path.stem}-{n}.md")
-            try:
-                os.link(tmp, candidate)  # atomic, and never replaces another report
-                return candidate
-            except FileExistsError:
-                continue
-        raise FixError(f"too many reports named like {path}")
-    finally:
-        tmp.unlink(missing_ok=True)
+    return save_report(settings.reports_path, report_name(pm), render_markdown(pm))
 
 
 def write_postmortem(

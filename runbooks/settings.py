@@ -59,6 +59,10 @@ class Settings(BaseSettings):
     sweep_timezone: str = "UTC"
     prefect_port: int = Field(default=4200, gt=0, lt=65536)  # the embedded local server
     prefect_home: Path | None = None  # default: STATE_DIR/prefect (its SQLite database)
+    # The alert receiver (`cudamedic alerts`): Alertmanager webhooks start responses
+    alert_listen: str = "127.0.0.1"
+    alert_port: int = Field(default=9095, gt=0, lt=65536)
+    alert_token: SecretStr | None = None
 
     @property
     def state_path(self) -> Path:

@@ -4,8 +4,7 @@ sweeps, and say what is new, changed or resolved.
 `check_hosts` checks a batch of hosts with bounded concurrency; each host is collected with the
 sweep runbook, judged by runbooks/health.py and, when it is not healthy, diagnosed like an
 incident. A host that fails or hangs costs its own timeouts and never fails the batch. The flow
-(flows/sweep.py) runs batches as Prefect tasks; `cudamedic sweep --no-prefect` and the benchmarks
-call these functions directly.
+(flows/sweep.py) runs batches as Prefect tasks, or as `sweep-batch` runs spread over workers.
 """
 
 from __future__ import annotations
@@ -81,13 +80,13 @@ def check_one(
                 update={"health": health.model_copy(update={"bundle": None})}
             )
     except CudamedicError as exc:
-        result = _failed(name, str(exc))
+        result = failed_result(name, str(exc))
     except Exception as exc:  # one host's surprise must never fail the sweep
-        result = _failed(name, f"internal error: {type(exc).__name__}: {exc}")
+        result = failed_result(name, f"internal error: {type(exc).__name__}: {exc}")
     return result.model_copy(update={"duration_s": round(time.monotonic() - start, 3)})
 
 
-def _failed(name: str, error: str) -> HostResult:
+def failed_result(name: str, error: str) -> HostResult:
     f = HealthFinding(code="check-failed", level="warning", message=error[:500])
     return HostResult(health=HostHealth(host=name, verdict="warning", findings=(f,), error=error))
 

@@ -1,59 +1,78 @@
 #!/usr/bin/env bash
-# The main job on this machine: start the lab (a simulated GPU host with a real Docker engine and
-# sshd), break a training container the way real ones break, then let cudamedic collect the
-# evidence over SSH and the Docker API and diagnose it. Run as root: `make demo`.
+# The main job on this machine: start the lab (simulated GPU hosts: real sshd + Docker engines
+# replaying recorded real outputs), break training containers the way real ones break, and let
+# cudamedic respond as a Prefect flow on the embedded local Prefect server (started once, reused):
+# collect, diagnose, plan, wait for approval, fix, verify, write the post-mortem; then sweep the
+# whole fleet twice. Run as root: `make demo`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=.venv/bin
+CM="$VENV/cudamedic"
 
 "$VENV/python" -m tests.lab up
 eval "$("$VENV/python" -m tests.lab env)"   # CUDAMEDIC_CONFIG, DOCKER_HOST (the lab's GPU engine)
-OUT=${CUDAMEDIC_DEMO_OUT:-out/demo}
-export CUDAMEDIC_STATE_DIR=${CUDAMEDIC_STATE_DIR:-out/state}   # fix journal, locks, audit log
-export CUDAMEDIC_OUT_DIR=$OUT
-mkdir -p "$OUT"
+export CUDAMEDIC_OUT_DIR=${CUDAMEDIC_OUT_DIR:-$PWD/out/demo}      # bundles and reports
+export CUDAMEDIC_STATE_DIR=${CUDAMEDIC_STATE_DIR:-$PWD/out/state} # journal, audit, Prefect DB
+mkdir -p "$CUDAMEDIC_OUT_DIR"
+rm -f "$CUDAMEDIC_STATE_DIR/sweep-state.json"   # each demo starts its sweeps afresh
 PLAIN=unix:///tmp/cudamedic-lab/engines/plain/docker.sock
 
+echo "== 0. The embedded Prefect server (SQLite, 127.0.0.1 only; started once, then reused)"
+"$CM" server start
+
 echo
-echo "== 1. A DataLoader-style workload on the lab's GPU host fails: /dev/shm is Docker's 64 MB"
+echo "== 1. A DataLoader workload on gpu-healthy dies: /dev/shm is Docker's 64 MB"
 for c in $(docker ps -aq --filter name=train-); do docker rm -f "$c" >/dev/null; done
 docker volume create train-data >/dev/null
 docker run -d --name train-shm --network none --gpus all -v train-data:/data \
   cudamedic-lab/busybox:1 \
   sh -c 'date > /data/started; nvidia-smi -L; dd if=/dev/zero of=/dev/shm/batch-0 bs=1M count=256 && sleep 3600' >/dev/null
 sleep 2
-bundle=$("$VENV/cudamedic" collect gpu-healthy --container train-shm --out "$OUT" \
-          --trigger "train-shm died in the DataLoader")
-echo "bundle: $bundle"
-"$VENV/cudamedic" classify "$bundle"
 
 echo
-echo "== 2. The same host reports Xid 79 in its kernel log (a GPU fell off the bus)"
-bundle=$("$VENV/cudamedic" collect gpu-xid79 --out "$OUT")
-echo "bundle: $bundle"
-"$VENV/cudamedic" classify "$bundle"
-
+echo "== 2. cudamedic triage: diagnose, plan, and wait for a person's approval"
+log=$(mktemp)
+"$CM" triage gpu-healthy --container train-shm --apply --no-input \
+  --trigger "RuntimeError: DataLoader worker (pid 4242) is killed by signal: Bus error." >"$log" 2>&1 &
+triage=$!
+run_id=
+for _ in $(seq 240); do
+  run_id=$(grep -o 'waiting for approval: `cudamedic approve [0-9a-f-]*' "$log" | awk '{print $NF}' || true)
+  [ -n "$run_id" ] && break
+  kill -0 "$triage" 2>/dev/null || break
+  sleep 0.5
+done
+sed -n '/^diagnosis/,/^Approve/p' "$log"
+if [ -n "$run_id" ]; then
+  echo
+  echo "== 3. A person approves (from any shell, the Prefect UI, or Slack)"
+  echo "\$ cudamedic approve $run_id --by on-call --reason 'shm is the cause'"
+  "$CM" approve "$run_id" --by on-call --reason "shm is the cause"
+fi
+wait "$triage" || true
 echo
-echo "== 3. dmesg is not permitted on this host; cudamedic falls back to journalctl -k"
-bundle=$("$VENV/cudamedic" collect gpu-mismatch --out "$OUT")
-echo "bundle: $bundle"
-"$VENV/cudamedic" classify "$bundle"
-
-echo
-echo "== 4. Fix it safely: plan, apply, verify (the original is kept as a backup)"
-"$VENV/cudamedic" fix gpu-healthy --container train-shm --apply --yes | sed -n '/^plan/,$p'
+sed -n '/^incident:/,$p' "$log"
+rm -f "$log"
 docker ps -a --filter name=train-shm --format '   {{.Names}}: {{.Status}}'
 
 echo
-echo "== 5. A container started without --gpus, on a host whose engine lacks the toolkit hook:"
-echo "      the fix is tried, fails at start, and is rolled back to the exact original"
+echo "== 4. A fix that cannot work is rolled back to the exact original (engine without the toolkit hook)"
 for c in $(docker -H "$PLAIN" ps -aq --filter name=train-); do docker -H "$PLAIN" rm -f "$c" >/dev/null; done
 docker -H "$PLAIN" run -d --name train-nogpu --network none -e NVIDIA_VISIBLE_DEVICES=all \
   cudamedic-lab/busybox:1 sh -c 'nvidia-smi -L; sleep 3600' >/dev/null
 sleep 2
-"$VENV/cudamedic" fix gpu-nohook --container train-nogpu --apply --yes | sed -n '/^diagnosis/,/^  bundle/p;/^outcome/,$p' || true
+"$CM" triage gpu-nohook --container train-nogpu --apply --yes | sed -n '/^incident:/,$p' || true
 docker -H "$PLAIN" ps -a --filter name=train-nogpu --format '   {{.Names}}: {{.Status}}'
 
 echo
-echo "Bundles are in $OUT, the audit log in $CUDAMEDIC_STATE_DIR/audit.jsonl."
-echo "Stop the lab with: make lab-down"
+echo "== 5. Fleet health sweep over every lab host: each planted problem, once"
+"$CM" sweep | cut -c1-180
+
+echo
+echo "== 6. The same sweep again: nothing changed, so nothing is reported"
+"$CM" sweep | cut -c1-180
+
+echo
+echo "Reports: $CUDAMEDIC_OUT_DIR/reports; audit log: $CUDAMEDIC_STATE_DIR/audit.jsonl"
+echo "Prefect UI: http://127.0.0.1:4200 (flow runs, the post-mortem and sweep artifacts)"
+echo "Stop the server with: $CM server stop; the lab with: make lab-down"

@@ -235,3 +235,111 @@ def test_cudamedic_serve_runs_an_incident_response(
     state, arts = run_info(flow_run_id(ran.stdout))
     assert state == "Completed"
     assert "driver-library-mismatch" in arts["postmortem-gpu-mismatch"]
+
+
+def test_an_alert_starts_a_response_once(
+    env: dict[str, str], background: Any, tmp_path: Path, lab: LabState
+) -> None:
+    """Alertmanager webhook -> `cudamedic alerts` -> Prefect event -> the deployment's trigger
+    (served by `cudamedic serve`) -> an incident response for the alert's host."""
+    import json
+    import urllib.error
+    import urllib.request
+
+    env = {**env, "CUDAMEDIC_SWEEP_SCHEDULE": "0 0 1 1 *", "CUDAMEDIC_ALERT_TOKEN": "s3cret-t0ken"}
+    _drop_deployments()
+    serve_log, alerts_log = tmp_path / "serve.log", tmp_path / "alerts.log"
+    background([str(BIN / "cudamedic"), "serve"], env, serve_log)
+    background([str(BIN / "cudamedic"), "alerts", "--port", "0"], env, alerts_log)
+    deadline = time.monotonic() + 90
+    while not (
+        "being served" in serve_log.read_text() and "alert receiver" in alerts_log.read_text()
+    ):
+        assert time.monotonic() < deadline, serve_log.read_text() + alerts_log.read_text()
+        time.sleep(0.5)
+    url = re.search(r"POST (http://\S+)", alerts_log.read_text()).group(1)  # type: ignore[union-attr]
+
+    body = json.loads((FIXTURES / "alerts" / "alertmanager-webhook.json").read_text())
+    body["alerts"][0]["labels"]["Hostname"] = "gpu-nodriver"
+
+    def post(payload: bytes, token: str = "s3cret-t0ken") -> tuple[int, dict[str, Any]]:
+        req = urllib.request.Request(
+            url, data=payload, method="POST", headers={"Authorization": f"Bearer {token}"}
+        )
+        try:
+            with urllib.request.urlopen(req, timeout=10) as resp:
+                return resp.status, json.loads(resp.read())
+        except urllib.error.HTTPError as err:
+            return err.code, json.loads(err.read())
+
+    assert post(json.dumps(body).encode(), token="wrong")[0] == 401
+    assert post(b"\x00garbage")[0] == 400
+    code, answer = post(json.dumps(body).encode())
+    assert code == 202 and answer["announced"] == [
+        {"alert": "HardwareError_ServiceDown", "host": "gpu-nodriver"}
+    ], answer
+    again = post(json.dumps(body).encode())[1]  # Alertmanager repeats: announced once
+    assert again["announced"] == [] and again["ignored"][0]["why"] == "already announced"
+    body["alerts"][0]["labels"]["Hostname"] = "not-in-inventory"
+    body["alerts"][0]["startsAt"] = "2019-07-27T00:00:00Z"
+    body["commonLabels"]["instance"] = "10.9.9.9:9100"
+    body["alerts"][0]["labels"]["instance"] = "10.9.9.9:9100"
+    assert post(json.dumps(body).encode())[1]["ignored"][0]["why"] == "no inventory host"
+
+    run = _wait_for_run("incident-response", "alert HardwareError_ServiceDown", serve_log)
+    state, arts = run_info(str(run))
+    assert state == "Completed", serve_log.read_text()
+    assert "driver-not-loaded" in arts["postmortem-gpu-nodriver"]
+    assert "HardwareError_ServiceDown: Service apis.service" in arts["postmortem-gpu-nodriver"]
+    assert "s3cret-t0ken" not in serve_log.read_text() + alerts_log.read_text()
+
+    # A sweep that finds news starts a response for the host, run by the served deployment.
+    swept = subprocess.run(
+        [str(BIN / "cudamedic"), "sweep", "--host", "gpu-mismatch", "--start-incidents"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert swept.returncode == 0, swept.stdout + swept.stderr
+    started = re.findall(r"incident response started: flow run ([0-9a-f-]{36})", swept.stdout)
+    assert len(started) == 1, swept.stdout
+    run = _wait_for_run("incident-response", "cudamedic fleet sweep", serve_log)
+    assert str(run) == started[0]
+    state, arts = run_info(started[0])
+    assert state == "Completed" and "driver-library-mismatch" in arts["postmortem-gpu-mismatch"]
+
+
+FIXTURES = Path(__file__).parent / "fixtures"
+
+
+def _drop_deployments() -> None:
+    from prefect import get_client
+    from prefect.exceptions import ObjectNotFound
+
+    with get_client(sync_client=True) as client:
+        for name in (
+            "incident-response/incident-response",
+            "fleet-health-check/fleet-sweep",
+            "sweep-batch/sweep-batch",
+        ):
+            try:
+                client.delete_deployment(client.read_deployment_by_name(name).id)
+            except ObjectNotFound:
+                pass
+
+
+def _wait_for_run(flow: str, detected_by: str, log: Path, timeout: float = 120) -> UUID:
+    """The finished run of `flow` whose detected_by parameter is `detected_by`."""
+    from prefect import get_client
+    from prefect.client.schemas.filters import FlowFilter, FlowFilterName
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with get_client(sync_client=True) as client:
+            runs = client.read_flow_runs(flow_filter=FlowFilter(name=FlowFilterName(any_=[flow])))
+        for r in runs:
+            if r.parameters.get("detected_by") == detected_by and r.state and r.state.is_final():
+                return r.id
+        time.sleep(1)
+    raise AssertionError(f"no finished {flow} run detected by {detected_by!r}:\n{log.read_text()}")

@@ -228,6 +228,8 @@ def test_two_triggers_on_one_host_fix_it_once(
         for _ in range(2)
     ]
     outs = [p.communicate(timeout=240) for p in procs]
+    for out, err in outs:
+        assert "outcome:" in out and "Traceback" not in err, out + err
     outcomes = sorted(field(o, "outcome").split(":")[0] for o, _ in outs)
     assert "fixed" in outcomes, outs
     assert outcomes.count("fixed") == 1, outs
@@ -304,8 +306,15 @@ def sweep_runbook(tmp_path: Path, **edits: str) -> Path:
 
 
 def test_sweep_reports_each_planted_problem_once(
-    env: dict[str, str], tmp_path: Path, gpu_engine: docker.DockerClient
+    env: dict[str, str],
+    tmp_path: Path,
+    gpu_engine: docker.DockerClient,
+    plain_engine: docker.DockerClient,
 ) -> None:
+    # `make demo` leaves its train-* containers on the lab engines; they are not planted here.
+    for engine in (gpu_engine, plain_engine):
+        for c in engine.containers.list(all=True, filters={"name": "train-"}):
+            c.remove(force=True)
     env = {
         **env,
         "CUDAMEDIC_SWEEP_RUNBOOK": str(

@@ -9,7 +9,18 @@ from pathlib import Path
 import jinja2
 import pytest
 
-from reports.render import CheckResult, PostMortem, TimelineEvent, render_markdown, report_name
+from reports.render import (
+    CheckResult,
+    PostMortem,
+    SweepChange,
+    SweepHostRow,
+    SweepSummary,
+    TimelineEvent,
+    render_markdown,
+    render_sweep,
+    report_name,
+    sweep_report_name,
+)
 from runbooks.model import Line
 
 GOLDEN = Path(__file__).parent / "fixtures" / "reports"
@@ -97,3 +108,53 @@ def test_missing_field_is_an_error_not_a_placeholder() -> None:
 
 def test_report_name() -> None:
     assert report_name(sample()) == "20261202T100000Z-node07-train-shm-too-small.md"
+
+
+def sweep_sample(**over: object) -> SweepSummary:
+    data: dict[str, object] = dict(
+        started_at=T0,
+        ended_at=T0 + timedelta(seconds=12.4),
+        hosts=(
+            SweepHostRow(host="node01", verdict="healthy"),
+            SweepHostRow(
+                host="node07",
+                verdict="drain",
+                codes=("xid-79@0000:02:00",),
+                incident="gpu-hardware-fault",
+                incident_summary="A GPU fell off the bus (Xid 79).",
+                bundle="bundles/sweeps/20261202T100000Z/node07-20261202T100001Z",
+            ),
+            SweepHostRow(host="node|09", verdict="warning", codes=("container-shm-small@train",)),
+        ),
+        changes=(
+            SweepChange(
+                host="node07",
+                change="new",
+                code="xid-79",
+                subject="0000:02:00",
+                level="drain",
+                message="Xid 79 on 0000:02:00 within 24 h; 1 line(s)",
+            ),
+            SweepChange(
+                host="node03",
+                change="resolved",
+                code="disk-full",
+                subject="/",
+                message="/ is 93% full",
+            ),
+        ),
+        links={"Prefect flow run": "http://127.0.0.1:4200/runs/flow-run/x"},
+    )
+    data.update(over)
+    return SweepSummary.model_validate(data)
+
+
+@pytest.mark.parametrize("name, over", [("changes", {}), ("quiet", {"changes": (), "links": {}})])
+def test_sweep_golden(name: str, over: dict[str, object]) -> None:
+    summary = sweep_sample(**over)
+    text = render_sweep(summary)
+    golden = GOLDEN / f"sweep-{name}.md"
+    if os.environ.get("CUDAMEDIC_REGEN_GOLDEN") == "1":
+        golden.write_text(text)
+    assert text == golden.read_text()
+    assert sweep_report_name(summary) == "20261202T100000Z-fleet-sweep.md"

@@ -1,0 +1,215 @@
+"""Alerts start incident responses: an Alertmanager (or DCGM-exporter rule) webhook receiver that
+turns each new firing alert for an inventory host into a Prefect event
+``cudamedic.alert.firing``; the incident-response deployment's trigger (an automation with a
+RunDeployment action, in open-source Prefect) starts a response for that host.
+
+`cudamedic alerts` runs the receiver: loopback by default, a bearer token required
+(``CUDAMEDIC_ALERT_TOKEN``), bodies capped, each alert (Alertmanager's fingerprint + start time)
+announced once however often Alertmanager repeats it; alerts for hosts outside the inventory
+are answered but never acted on.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import logging
+import re
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel
+
+from runbooks.errors import InputError
+from runbooks.inventory import Inventory
+
+log = logging.getLogger(__name__)
+
+EVENT = "cudamedic.alert.firing"
+RESOURCE_PREFIX = "cudamedic.host."
+MAX_BODY = 1 << 20
+# Labels that name the host, most specific first (DCGM exporter: Hostname; node exporter:
+# instance as host:port).
+HOST_LABELS = ("cudamedic_host", "Hostname", "hostname", "host", "node", "nodename", "instance")
+SEEN_TTL_S = 7 * 24 * 3600
+
+
+class Alert(BaseModel):
+    host: str | None  # the inventory host, None when no label names one
+    status: str
+    alertname: str
+    summary: str
+    container: str | None = None
+    key: str  # fingerprint + start: the same alert repeated is the same key
+
+
+def parse_alertmanager(body: Any, inventory: Inventory) -> list[Alert]:
+    """Alertmanager webhook JSON (version 4) -> alerts, each mapped to an inventory host (PURE).
+    Raises InputError on a body that is not an Alertmanager payload."""
+    if not isinstance(body, dict) or not isinstance(body.get("alerts"), list):
+        raise InputError("not an Alertmanager webhook body (no 'alerts' list)")
+    common = _mapping(body.get("commonLabels"))
+    out = []
+    for raw in body["alerts"][:500]:
+        if not isinstance(raw, dict):
+            continue
+        labels = {**common, **_mapping(raw.get("labels"))}
+        notes = _mapping(raw.get("annotations"))
+        alertname = str(labels.get("alertname") or "alert")[:200]
+        summary = str(notes.get("summary") or notes.get("description") or alertname)[:1000]
+        fingerprint = str(raw.get("fingerprint") or json.dumps(labels, sort_keys=True))
+        container = labels.get("container") or labels.get("container_name")
+        out.append(
+            Alert(
+                host=_host(labels, inventory),
+                status=str(raw.get("status") or body.get("status") or "firing"),
+                alertname=alertname,
+                summary=summary,
+                container=str(container) if container else None,
+                key=f"{fingerprint}@{raw.get('startsAt', '')}",
+            )
+        )
+    return out
+
+
+def _mapping(value: Any) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
+def _host(labels: dict[str, Any], inventory: Inventory) -> str | None:
+    by_address: dict[str, list[str]] = {}
+    for name, h in inventory.hosts.items():
+        by_address.setdefault(h.address, []).append(name)
+    for label in HOST_LABELS:
+        value = str(labels.get(label) or "").strip()
+        if not value:
+            continue
+        if value in inventory.hosts:
+            return value
+        bare = re.sub(r":\d+$", "", value)  # instance = host:port
+        if bare in inventory.hosts:
+            return bare
+        if len(by_address.get(bare, [])) == 1:
+            return by_address[bare][0]
+    return None
+
+
+# -- announced alerts (state between requests and restarts) ------------------------------------
+class Seen:
+    """Alert keys already announced, kept in a small JSON file under the state directory."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.lock = threading.Lock()
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+            self.keys: dict[str, float] = {str(k): float(v) for k, v in data.items()}
+        except (OSError, ValueError, AttributeError):
+            self.keys = {}
+
+    def first_time(self, key: str) -> bool:
+        now = time.time()
+        with self.lock:
+            self.keys = {k: t for k, t in self.keys.items() if now - t < SEEN_TTL_S}
+            if key in self.keys:
+                return False
+            self.keys[key] = now
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = self.path.with_suffix(".tmp")
+            tmp.write_text(json.dumps(self.keys), encoding="utf-8")
+            tmp.replace(self.path)
+            return True
+
+
+def announce(alert: Alert) -> None:
+    """Emit the Prefect event the incident-response deployment's trigger waits for."""
+    from prefect.events import emit_event
+
+    assert alert.host is not None
+    emit_event(
+        event=EVENT,
+        resource={
+            "prefect.resource.id": RESOURCE_PREFIX + alert.host,
+            "cudamedic.host": alert.host,
+        },
+        payload={
+            "alertname": alert.alertname,
+            "summary": alert.summary,
+            "container": alert.container,
+        },
+    )
+
+
+def trigger_parameters() -> dict[str, str]:
+    """The incident-response parameters an alert event fills in (templated by Prefect)."""
+    return {
+        "target": "{{ event.resource['cudamedic.host'] }}",
+        "trigger_text": "{{ event.payload.alertname }}: {{ event.payload.summary }}",
+        "detected_by": "alert {{ event.payload.alertname }}",
+    }
+
+
+def make_server(
+    host: str, port: int, token: str, inventory: Inventory, seen: Seen
+) -> ThreadingHTTPServer:
+    """The receiver: POST /alertmanager with `Authorization: Bearer <token>`."""
+    if not token:
+        raise InputError("the alert receiver needs a token (CUDAMEDIC_ALERT_TOKEN)")
+
+    class Handler(BaseHTTPRequestHandler):
+        server_version = "cudamedic-alerts"
+
+        def log_message(self, fmt: str, *args: Any) -> None:  # no tokens or bodies in logs
+            log.info("%s %s", self.command, self.path)
+
+        def _reply(self, code: int, body: dict[str, Any]) -> None:
+            data = json.dumps(body).encode()
+            self.send_response(code)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def do_GET(self) -> None:
+            if self.path == "/health":
+                self._reply(200, {"ok": True})
+            else:
+                self._reply(404, {"error": "not found"})
+
+        def do_POST(self) -> None:
+            if self.path != "/alertmanager":
+                self._reply(404, {"error": "not found"})
+                return
+            given = self.headers.get("Authorization", "")
+            if not hmac.compare_digest(given.encode(), f"Bearer {token}".encode()):
+                self._reply(401, {"error": "missing or wrong bearer token"})
+                return
+            try:
+                length = int(self.headers.get("Content-Length") or 0)
+            except ValueError:
+                length = -1
+            if length < 0 or length > MAX_BODY:
+                self._reply(413, {"error": f"body must be 0..{MAX_BODY} bytes"})
+                return
+            try:
+                alerts = parse_alertmanager(json.loads(self.rfile.read(length)), inventory)
+            except (ValueError, InputError) as exc:
+                self._reply(400, {"error": str(exc)[:300]})
+                return
+            started, ignored = [], []
+            for a in alerts:
+                if a.status != "firing":
+                    ignored.append({"alert": a.alertname, "why": a.status})
+                elif a.host is None:
+                    ignored.append({"alert": a.alertname, "why": "no inventory host"})
+                elif not seen.first_time(a.key):
+                    ignored.append({"alert": a.alertname, "why": "already announced"})
+                else:
+                    announce(a)
+                    started.append({"alert": a.alertname, "host": a.host})
+            self._reply(202, {"announced": started, "ignored": ignored})
+
+    return ThreadingHTTPServer((host, port), Handler)
