@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import re
 from datetime import datetime
+from pathlib import Path
 from typing import Any, Literal
 
 from prefect import flow, get_client, get_run_logger, task
@@ -26,6 +27,8 @@ from prefect.input import RunInput
 from prefect.runtime import flow_run
 from pydantic import BaseModel, Field
 
+from flows.slack import SlackThread
+from reports import slack as slack_msg
 from runbooks import breaker
 from runbooks.classify import classify_path
 from runbooks.collect import collect
@@ -111,8 +114,13 @@ def run_url(run_id: str | None) -> str | None:
 
 # -- tasks ---------------------------------------------------------------------------------------
 @task(name="recover-interrupted-fix", cache_policy=NO_CACHE, timeout_seconds=900)
-def recover_task(target: Target, container: str, settings: Settings) -> Outcome | None:
-    return recover_interrupted(target, container, settings)
+def recover_task(target: Target, container: str, settings: Settings) -> Outcome | str | None:
+    """Finish an interrupted fix of the container; a message when that cannot be done now
+    (e.g. another response is fixing it this moment: nothing was interrupted)."""
+    try:
+        return recover_interrupted(target, container, settings)
+    except CudamedicError as exc:
+        return str(exc)
 
 
 @task(name="collect-evidence", cache_policy=NO_CACHE)
@@ -214,23 +222,28 @@ def incident_response(
     apply: bool = True,
     approved_by: str | None = None,
     detected_by: str = "cudamedic triage",
+    slack: dict[str, str] | None = None,
 ) -> Response:
     """Respond to an incident on `target` (an inventory host, ssh://user@host[:port] or local).
 
     `apply`: False stops after the plan (dry run). `approved_by`: a person who approved up
     front (`cudamedic triage --yes`); otherwise the fix waits for an `Approval` unless the
-    runbook's policy allows it unattended."""
+    runbook's policy allows it unattended. `slack`: the thread to report progress to
+    ({channel, ts, requester}; set by the Slack app)."""
     log = get_run_logger()
     started = now()
     events: list[tuple[datetime, str, str]] = [
         (started, "triggered", f"{detected_by} by {approved_by or who()}")
     ]
+    settings = load_settings()
+    thread = SlackThread(settings, slack) if slack else None
 
-    def mark(event: str, detail: str = "") -> None:
+    def mark(event: str, detail: str = "", *, quiet: bool = False) -> None:
         events.append((now(), event, detail))
         log.info("%s%s", event, f": {detail}" if detail else "")
+        if thread is not None and not quiet:
+            thread.say(slack_msg.progress(event, detail))
 
-    settings = load_settings()
     book = load_runbook(settings.runbook, "incident")
     inventory = load_inventory(settings.inventory) if settings.inventory else None
     tgt = resolve_target(target, inventory)
@@ -240,9 +253,12 @@ def incident_response(
 
     recovered = None
     if container:
-        recovered = recover_task(tgt, container, settings)
-        if recovered is not None:
-            mark("interrupted fix finished", recovered.message)
+        found = recover_task(tgt, container, settings)
+        if isinstance(found, str):
+            mark("recovery skipped", found)
+        elif found is not None:
+            recovered = found
+            mark("interrupted fix finished", found.message)
     bundle = collect_task.with_options(
         timeout_seconds=book.timeouts.collect, retries=book.retries, retry_delay_seconds=5
     )(tgt, container, trigger_text, settings, book)
@@ -287,7 +303,7 @@ def incident_response(
             else:
                 mark("unattended fix held", why)
         if decision is None:
-            decision = _wait_for_approval(prepared, tgt, book, run_id, mark)
+            decision = _wait_for_approval(prepared, tgt, book, run_id, mark, thread)
         if decision is None:
             status, detail = (
                 "approval-timed-out",
@@ -334,6 +350,11 @@ def incident_response(
         links=links,
     )
     report = report_task.with_options(timeout_seconds=book.timeouts.report)(pm, settings)
+    if thread is not None:
+        from reports.render import render_markdown
+
+        thread.headline(slack_msg.root_text(tgt.name, subject, thread.requester, f"*{pm.outcome}*"))
+        thread.report(pm, render_markdown(pm), Path(report).name)
     audit(
         settings.state_path,
         "response",
@@ -362,7 +383,12 @@ def incident_response(
 
 
 def _wait_for_approval(
-    prepared: Prepared, tgt: Target, book: Runbook, run_id: str | None, mark: Any
+    prepared: Prepared,
+    tgt: Target,
+    book: Runbook,
+    run_id: str | None,
+    mark: Any,
+    thread: SlackThread | None,
 ) -> Approval | None:
     """Pause the flow run until a person answers; None when nobody did in time."""
     from runbooks.fixer import render_plan
@@ -376,7 +402,27 @@ def _wait_for_approval(
         key="approval-" + re.sub(r"[^a-z0-9-]+", "-", tgt.name.lower()).strip("-")[:80],
         description="A fix plan waiting for a person",
     )
-    mark("waiting for approval", f"cudamedic approve {run_id}")
+    mark("waiting for approval", f"cudamedic approve {run_id}", quiet=True)
+    plan = prepared.plan
+    if thread is not None and plan is not None and run_id:
+        d = prepared.diagnosis
+        thread.say(
+            f"Fix waiting for approval: {d.incident} on {tgt.name}",
+            slack_msg.approval_blocks(
+                run_id=run_id,
+                requester=thread.requester,
+                host=tgt.name,
+                container=plan.container,
+                incident=d.incident,
+                confidence=d.confidence,
+                summary=d.summary,
+                diff=plan.diff,
+                evidence=[f"{ln.source}:{ln.line}: {ln.text}" for ln in d.evidence],
+            ),
+        )
+        thread.headline(
+            slack_msg.root_text(tgt.name, plan.container, thread.requester, "waiting for approval")
+        )
     try:
         return pause_flow_run(
             wait_for_input=Approval,

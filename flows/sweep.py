@@ -178,6 +178,17 @@ def fleet_health_check(
         description="Verdict per host",
     )
     counts = summarize(changes)
+    if changes and settings.slack_channel:  # news only: a quiet fleet stays quiet
+        from flows.slack import deliver
+        from reports.slack import sweep_blocks
+
+        deliver(
+            settings,
+            "chat.postMessage",
+            channel=settings.slack_channel,
+            text=f"Fleet health sweep: {len(changes)} change(s)",
+            blocks=sweep_blocks(summary),
+        )
     log.info(
         "%d hosts: %d drain, %d warning; %d new, %d changed, %d resolved",
         len(results),

@@ -108,9 +108,7 @@ def summary_blocks(pm: PostMortem) -> list[dict[str, Any]]:
         _section(f"{emoji} *Post-mortem: {_escape(pm.incident)} on {_escape(where)}*"),
         {
             "type": "section",
-            "fields": [
-                {"type": "mrkdwn", "text": f"*{k}*\n{_escape(v)}"} for k, v in fields
-            ],
+            "fields": [{"type": "mrkdwn", "text": f"*{k}*\n{_escape(v)}"} for k, v in fields],
         },
         _section(_escape(pm.summary)),
     ] + ([_section(_escape(pm.outcome_detail))] if pm.outcome_detail else [])

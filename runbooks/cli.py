@@ -301,6 +301,29 @@ def cmd_alerts(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_slack(args: argparse.Namespace) -> int:
+    from runbooks.errors import InputError
+
+    settings = _settings(args)
+    inventory = _inventory(settings)
+    if inventory is None:
+        raise InputError("the Slack app needs an inventory (--inventory)")
+    _prefect(args, settings)
+    from flows.slack import SlackApp
+
+    app = SlackApp(settings, inventory)
+    listen = args.listen or settings.slack_listen
+    port = args.port if args.port is not None else settings.slack_port
+    server = app.server(listen, port)
+    base = f"http://{listen}:{server.server_address[1]}"
+    print(f"Slack app: {base}/slack/commands and {base}/slack/interactive", flush=True)
+    try:
+        server.serve_forever()
+    finally:
+        server.server_close()
+    return 0
+
+
 def cmd_server(args: argparse.Namespace) -> int:
     from flows.server import (
         ensure_local_server,
@@ -443,6 +466,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, help="port (default 9095; 0 picks a free one)")
     p.set_defaults(func=cmd_alerts)
 
+    p = sub.add_parser("slack", help="the Slack app (HTTP mode): /cudamedic, shortcut, approvals")
+    p.add_argument("--inventory", type=Path)
+    p.add_argument("--listen", help="address to bind (default 127.0.0.1)")
+    p.add_argument("--port", type=int, help="port (default 3000; 0 picks a free one)")
+    p.set_defaults(func=cmd_slack)
+
     p = sub.add_parser("server", help="the embedded local Prefect server")
     p.add_argument("action", choices=["start", "stop", "status"])
     p.set_defaults(func=cmd_server)
@@ -481,6 +510,14 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("cudamedic: interrupted", file=sys.stderr)
         return 130
+    except Exception as exc:  # a bug or an unexpected failure: one line, the details with -v
+        if args.verbose:
+            raise
+        print(
+            f"cudamedic: internal error: {type(exc).__name__}: {exc} (run with -v for details)",
+            file=sys.stderr,
+        )
+        return 1
 
 
 if __name__ == "__main__":

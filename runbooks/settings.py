@@ -63,6 +63,16 @@ class Settings(BaseSettings):
     alert_listen: str = "127.0.0.1"
     alert_port: int = Field(default=9095, gt=0, lt=65536)
     alert_token: SecretStr | None = None
+    # Slack (`cudamedic slack`; docs: README "Slack"); tokens from the environment or this file
+    slack_bot_token: SecretStr | None = None  # xoxb-...
+    slack_signing_secret: SecretStr | None = None
+    slack_api_url: str | None = None  # default Slack's; a proxy or a test server
+    slack_channel: str | None = None  # where sweep news goes
+    slack_approver_groups: tuple[str, ...] = ()  # user group ids (S...) whose members approve
+    slack_approver_channels: tuple[str, ...] = ()  # or members of these channels (C...)
+    slack_four_eyes: bool = True  # the person who asked may not approve
+    slack_listen: str = "127.0.0.1"
+    slack_port: int = Field(default=3000, gt=0, lt=65536)
 
     @property
     def state_path(self) -> Path:

@@ -75,4 +75,4 @@ echo "== 6. The same sweep again: nothing changed, so nothing is reported"
 echo
 echo "Reports: $CUDAMEDIC_OUT_DIR/reports; audit log: $CUDAMEDIC_STATE_DIR/audit.jsonl"
 echo "Prefect UI: http://127.0.0.1:4200 (flow runs, the post-mortem and sweep artifacts)"
-echo "Stop the server with: $CM server stop; the lab with: make lab-down"
+echo "Stop the server with: CUDAMEDIC_STATE_DIR=$CUDAMEDIC_STATE_DIR $CM server stop; the lab with: make lab-down"

@@ -105,8 +105,10 @@ class FakeSlack:
                     status, headers = failure
                     self._send(status, b'{"ok": false, "error": "ratelimited"}', headers=headers)
                     return
-                body = json.dumps(fake._answer(method, args)).encode()
-                self._send(200, body)
+                answer = fake._answer(method, args)
+                with fake.lock:
+                    fake.calls[-1]["response"] = answer
+                self._send(200, json.dumps(answer).encode())
 
             def _send(
                 self,
