@@ -241,13 +241,14 @@ class SlackApp:
                     }
                 )
             except Exception as exc:
-                log.warning("could not start the response: %s", exc)
+                log.warning("could not start the response: %s: %s", type(exc).__name__, exc)
                 deliver(
                     self.settings,
                     "chat.postEphemeral",
                     channel=channel,
                     user=user,
-                    text=f"cudamedic could not start the response: {str(exc)[:300]}",
+                    text="cudamedic could not start the response: "
+                    f"{type(exc).__name__}: {str(exc)[:300]}",
                 )
 
         threading.Thread(target=run, name="slack-start", daemon=True).start()
