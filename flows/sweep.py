@@ -70,9 +70,14 @@ def _inputs(inventory: str | None) -> tuple[Settings, Runbook, Inventory]:
 
 @task(name="check-hosts", cache_policy=NO_CACHE, retries=0)
 def check_batch_task(
-    names: list[str], inventory: Inventory, settings: Settings, book: Runbook, out_dir: str
+    names: list[str],
+    inventory: Inventory,
+    settings: Settings,
+    book: Runbook,
+    out_dir: str,
+    workers: int,
 ) -> list[HostResult]:
-    return check_hosts(names, inventory, settings, book, Path(out_dir))
+    return check_hosts(names, inventory, settings, book, Path(out_dir), workers)
 
 
 @flow(name="sweep-batch", persist_result=True, log_prints=False)
@@ -132,9 +137,12 @@ def fleet_health_check(
     if distribute:
         results = _distributed(groups, out_dir, inventory, timeout=per_host * 2 + 120)
     else:
+        # All batches run at once and share the runbook's concurrency: on a 2-core client,
+        # more SSH sessions at a time only cost CPU (tests/benchmarks/bench_sweep.py).
+        share = max(1, -(-book.concurrency // max(1, len(groups))))
         futures = [
             check_batch_task.with_options(timeout_seconds=per_host * 2 + 60).submit(
-                g, inv, settings, book, out_dir
+                g, inv, settings, book, out_dir, share
             )
             for g in groups
         ]

@@ -97,11 +97,13 @@ def check_hosts(
     settings: Settings,
     book: Runbook,
     out_dir: Path,
+    workers: int | None = None,
 ) -> list[HostResult]:
-    """Check hosts at once (at most `book.concurrency`); results in the order given."""
+    """Check hosts at once (at most `workers`, default `book.concurrency`); results in the
+    order given."""
     if not names:
         return []
-    workers = min(book.concurrency, len(names))
+    workers = max(1, min(workers or book.concurrency, len(names)))
     with concurrent.futures.ThreadPoolExecutor(max_workers=workers) as pool:
         return list(pool.map(lambda n: check_one(n, inventory, settings, book, out_dir), names))
 

@@ -504,7 +504,7 @@ def report(n: int, res: dict[str, dict[str, float]]) -> None:
 
 def chart(table: dict[int, dict[str, dict[str, float]]], out: Path, bench_py: Path) -> None:
     data = {
-        name: [(n, res[name]["wall"]) for n, res in sorted(table.items())]
+        name: [(n, res[name]["wall"]) for n, res in sorted(table.items()) if name in res]
         for name in next(iter(table.values()))
         if not name.startswith("_")
     }
