@@ -10,7 +10,7 @@ import argparse
 import logging
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from runbooks.inventory import Inventory
@@ -291,14 +291,7 @@ def cmd_alerts(args: argparse.Namespace) -> int:
     listen = args.listen or settings.alert_listen
     port = args.port if args.port is not None else settings.alert_port
     server = make_server(listen, port, token, inventory, Seen(settings.state_path / "alerts.json"))
-    print(
-        f"alert receiver: POST http://{listen}:{server.server_address[1]}/alertmanager", flush=True
-    )
-    try:
-        server.serve_forever()
-    finally:
-        server.server_close()
-    return 0
+    return _serve_http(server, "alert receiver: POST {base}/alertmanager")
 
 
 def cmd_slack(args: argparse.Namespace) -> int:
@@ -315,8 +308,13 @@ def cmd_slack(args: argparse.Namespace) -> int:
     listen = args.listen or settings.slack_listen
     port = args.port if args.port is not None else settings.slack_port
     server = app.server(listen, port)
-    base = f"http://{listen}:{server.server_address[1]}"
-    print(f"Slack app: {base}/slack/commands and {base}/slack/interactive", flush=True)
+    return _serve_http(server, "Slack app: {base}/slack/commands and {base}/slack/interactive")
+
+
+def _serve_http(server: Any, banner: str) -> int:
+    """Announce where an HTTP endpoint of cudamedic listens, and serve until interrupted."""
+    host, port = server.server_address[:2]
+    print(banner.format(base=f"http://{host}:{port}"), flush=True)
     try:
         server.serve_forever()
     finally:
