@@ -97,30 +97,35 @@ def _host(labels: dict[str, Any], inventory: Inventory) -> str | None:
     return None
 
 
-# -- announced alerts (state between requests and restarts) ------------------------------------
+# -- keys already seen (announced alerts; Slack's replays and retries) --------------------------
 class Seen:
-    """Alert keys already announced, kept in a small JSON file under the state directory."""
+    """Keys seen in the last `ttl` seconds; kept in a small JSON file when `path` is given (so
+    they survive a restart), else in memory."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path | None = None, ttl: float = SEEN_TTL_S) -> None:
         self.path = path
+        self.ttl = ttl
         self.lock = threading.Lock()
-        try:
-            data = json.loads(path.read_text(encoding="utf-8"))
-            self.keys: dict[str, float] = {str(k): float(v) for k, v in data.items()}
-        except (OSError, ValueError, AttributeError):
-            self.keys = {}
+        self.keys: dict[str, float] = {}
+        if path is not None:
+            try:
+                data = json.loads(path.read_text(encoding="utf-8"))
+                self.keys = {str(k): float(v) for k, v in data.items()}
+            except (OSError, ValueError, AttributeError):
+                self.keys = {}
 
     def first_time(self, key: str) -> bool:
         now = time.time()
         with self.lock:
-            self.keys = {k: t for k, t in self.keys.items() if now - t < SEEN_TTL_S}
+            self.keys = {k: t for k, t in self.keys.items() if now - t < self.ttl}
             if key in self.keys:
                 return False
             self.keys[key] = now
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = self.path.with_suffix(".tmp")
-            tmp.write_text(json.dumps(self.keys), encoding="utf-8")
-            tmp.replace(self.path)
+            if self.path is not None:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+                tmp = self.path.with_suffix(".tmp")
+                tmp.write_text(json.dumps(self.keys), encoding="utf-8")
+                tmp.replace(self.path)
             return True
 
 

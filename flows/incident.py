@@ -82,8 +82,13 @@ class Response(BaseModel):
 
 
 # -- names and limits ----------------------------------------------------------------------------
+def slug(host: str) -> str:
+    """A host name as Prefect names and keys allow it (lower case, letters, digits, dashes)."""
+    return re.sub(r"[^a-z0-9-]+", "-", host.lower()).strip("-")
+
+
 def host_lock(host: str) -> str:
-    return "cudamedic-host-" + re.sub(r"[^a-z0-9-]+", "-", host.lower()).strip("-")
+    return "cudamedic-host-" + slug(host)
 
 
 def ensure_limits(names: list[str], limit: int = 1) -> None:
@@ -167,10 +172,11 @@ def apply_task(
 def report_task(pm: Any, settings: Settings) -> str:
     from reports.render import render_markdown
 
-    path = save_postmortem(pm, settings)
-    key = "postmortem-" + re.sub(r"[^a-z0-9-]+", "-", pm.host.lower()).strip("-")
+    markdown = render_markdown(pm)  # once, for the file and the artifact
+    path = save_postmortem(pm, settings, markdown)
+    key = "postmortem-" + slug(pm.host)
     create_markdown_artifact(
-        markdown=render_markdown(pm),
+        markdown=markdown,
         key=key[:100],
         description=f"Post-mortem: {pm.incident} on {pm.host} ({pm.outcome})",
     )
@@ -399,7 +405,7 @@ def _wait_for_approval(
     )
     create_markdown_artifact(
         markdown=text,
-        key="approval-" + re.sub(r"[^a-z0-9-]+", "-", tgt.name.lower()).strip("-")[:80],
+        key="approval-" + slug(tgt.name)[:80],
         description="A fix plan waiting for a person",
     )
     mark("waiting for approval", f"cudamedic approve {run_id}", quiet=True)

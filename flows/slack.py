@@ -18,6 +18,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+from flows.alerts import Seen
 from reports import slack as msg
 from runbooks.errors import CudamedicError, InputError
 from runbooks.inventory import Inventory
@@ -139,24 +140,6 @@ class SlackThread:
 
 
 # -- the app (HTTP mode) --------------------------------------------------------------------------
-class _Seen:
-    """Keys seen in the last `ttl` seconds (replayed signatures, retried commands)."""
-
-    def __init__(self, ttl: float = 600.0) -> None:
-        self.ttl = ttl
-        self.keys: dict[str, float] = {}
-        self.lock = threading.Lock()
-
-    def first(self, key: str) -> bool:
-        now = time.time()
-        with self.lock:
-            self.keys = {k: t for k, t in self.keys.items() if now - t < self.ttl}
-            if key in self.keys:
-                return False
-            self.keys[key] = now
-            return True
-
-
 def parse_command(text: str, inventory: Inventory) -> tuple[str, str | None, str | None]:
     """`triage HOST [CONTAINER] [-- TRIGGER TEXT]` -> (host, container, trigger) (PURE)."""
     head, _, trigger = text.partition("--")
@@ -181,8 +164,8 @@ class SlackApp:
         self.settings = settings
         self.inventory = inventory
         self.verifier = SignatureVerifier(settings.slack_signing_secret.get_secret_value())
-        self.signatures = _Seen(ttl=600)
-        self.requests = _Seen(ttl=3600)
+        self.signatures = Seen(ttl=600)
+        self.requests = Seen(ttl=3600)
 
     # verification
     def verified(self, body: bytes, headers: Any) -> str | None:
@@ -192,7 +175,7 @@ class SlackApp:
             return "unsigned request"
         if not self.verifier.is_valid(body, ts, sig):
             return "bad signature or stale timestamp"
-        if not self.signatures.first(f"{ts}:{sig}"):
+        if not self.signatures.first_time(f"{ts}:{sig}"):
             return "replayed request"
         return None
 
@@ -203,7 +186,7 @@ class SlackApp:
             host, container, trigger = parse_command(form.get("text", ""), self.inventory)
         except InputError as exc:
             return {"response_type": "ephemeral", "text": str(exc)}
-        if not self.requests.first("cmd:" + form.get("trigger_id", "") + form.get("text", "")):
+        if not self.requests.first_time("cmd:" + form.get("trigger_id", "") + form.get("text", "")):
             return {"response_type": "ephemeral", "text": "already started"}
         self._start(host, container, trigger, user, channel, f"Slack /cudamedic by <@{user}>")
         where = f"{host}/{container}" if container else host
@@ -289,7 +272,7 @@ class SlackApp:
             host, container, _ = parse_command(spec, self.inventory)
         except InputError as exc:
             return {"response_action": "errors", "errors": {"host": str(exc)[:150]}}
-        if not self.requests.first("view:" + str(view.get("id", ""))):
+        if not self.requests.first_time("view:" + str(view.get("id", ""))):
             return None
         self._start(
             host,
@@ -314,7 +297,7 @@ class SlackApp:
             run_id = str(json.loads(action.get("value") or "{}")["run"])
         except (ValueError, KeyError, TypeError):
             return
-        if not self.requests.first(f"click:{run_id}:{user}:{action.get('action_ts', '')}"):
+        if not self.requests.first_time(f"click:{run_id}:{user}:{action.get('action_ts', '')}"):
             return
         threading.Thread(
             target=self._decide,

@@ -30,6 +30,15 @@ def _inventory(settings: Settings) -> Inventory | None:
     return load_inventory(settings.inventory) if settings.inventory else None
 
 
+def _required_inventory(settings: Settings, who: str) -> Inventory:
+    from runbooks.errors import InputError
+
+    inventory = _inventory(settings)
+    if inventory is None:
+        raise InputError(f"{who} needs an inventory (--inventory or CUDAMEDIC_INVENTORY)")
+    return inventory
+
+
 def cmd_collect(args: argparse.Namespace) -> int:
     import concurrent.futures
 
@@ -232,9 +241,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
     settings = _settings(args)
     # Bad input is refused here, before a flow run starts.
-    inventory = _inventory(settings)
-    if inventory is None:
-        raise InputError("a sweep needs an inventory (--inventory or CUDAMEDIC_INVENTORY)")
+    inventory = _required_inventory(settings, "a sweep")
     load_runbook(settings.sweep_runbook, "sweep")
     if not select_hosts(inventory, args.host or None, args.tag or None):
         raise InputError("no inventory host matches --host/--tag")
@@ -278,12 +285,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def cmd_alerts(args: argparse.Namespace) -> int:
-    from runbooks.errors import InputError
 
     settings = _settings(args)
-    inventory = _inventory(settings)
-    if inventory is None:
-        raise InputError("the alert receiver needs an inventory (--inventory)")
+    inventory = _required_inventory(settings, "the alert receiver")
     token = settings.alert_token.get_secret_value() if settings.alert_token else ""
     _prefect(args, settings)
     from flows.alerts import Seen, make_server
@@ -295,12 +299,9 @@ def cmd_alerts(args: argparse.Namespace) -> int:
 
 
 def cmd_slack(args: argparse.Namespace) -> int:
-    from runbooks.errors import InputError
 
     settings = _settings(args)
-    inventory = _inventory(settings)
-    if inventory is None:
-        raise InputError("the Slack app needs an inventory (--inventory)")
+    inventory = _required_inventory(settings, "the Slack app")
     _prefect(args, settings)
     from flows.slack import SlackApp
 

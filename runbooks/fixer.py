@@ -382,12 +382,14 @@ def postmortem(
     )
 
 
-def save_postmortem(pm: PostMortem, settings: Settings) -> Path:
-    """Write the rendered post-mortem into the reports directory; returns its path."""
+def save_postmortem(pm: PostMortem, settings: Settings, markdown: str | None = None) -> Path:
+    """Write the post-mortem (rendered here unless `markdown` is given) into the reports
+    directory; returns its path."""
     from reports.render import render_markdown, report_name
     from reports.store import save_report
 
-    return save_report(settings.reports_path, report_name(pm), render_markdown(pm))
+    text = markdown if markdown is not None else render_markdown(pm)
+    return save_report(settings.reports_path, report_name(pm), text)
 
 
 def write_postmortem(

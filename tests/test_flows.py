@@ -16,7 +16,7 @@ import yaml
 from docker.types import DeviceRequest
 
 from runbooks.settings import Settings
-from tests.lab.lab import LabState
+from tests.lab.lab import LabState, _free_port
 from tests.test_fix import (  # noqa: F401 - fixtures
     CLI,
     SHM_WORKLOAD,
@@ -377,7 +377,10 @@ def test_sweep_survives_an_unreachable_host_and_garbage_inventory(
     env: dict[str, str], tmp_path: Path, lab: LabState
 ) -> None:
     inv = yaml.safe_load(Path(lab.inventory).read_text())
-    inv["hosts"]["ghost"] = {**inv["hosts"]["gpu-healthy"], "port": _closed_port()}
+    inv["hosts"]["ghost"] = {
+        **inv["hosts"]["gpu-healthy"],
+        "port": _free_port(),
+    }  # closed again: refused
     path = tmp_path / "inventory.yaml"
     path.write_text(yaml.safe_dump(inv))
     done = cudamedic(
@@ -388,11 +391,3 @@ def test_sweep_survives_an_unreachable_host_and_garbage_inventory(
     (tmp_path / "bad.yaml").write_text("hosts: [1, 2")
     bad = cudamedic(env, "sweep", "--inventory", str(tmp_path / "bad.yaml"))
     assert bad.returncode == 2 and "Traceback" not in bad.stderr, bad.stderr
-
-
-def _closed_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])  # closed again when the with block ends
