@@ -2,7 +2,7 @@
 SHELL := /bin/bash
 VENV := .venv/bin
 
-.PHONY: demo test lint lab-up lab-down bootstrap
+.PHONY: demo test reliability lint lab-up lab-down bootstrap
 
 bootstrap:
 	@scripts/bootstrap.sh
@@ -13,9 +13,15 @@ demo: bootstrap
 test: bootstrap
 	$(VENV)/pytest -q
 
+# The reliability and security suites (tests/reliability) at full size: 200 randomised
+# fault-injected recreates, 10,000 examples per parser, 2,000 forged Slack requests, ...; every
+# figure is printed at the end (`make test` runs them at the small size CI uses).
+reliability: bootstrap
+	CUDAMEDIC_RELIABILITY=full $(VENV)/pytest -q -p no:cacheprovider tests/reliability
+
 lint: bootstrap
 	$(VENV)/ruff check .
-	$(VENV)/ruff format --check runbooks flows reports tests/lab tests/*.py
+	$(VENV)/ruff format --check runbooks flows reports tests/lab tests/reliability tests/*.py
 	$(VENV)/mypy
 
 lab-up: bootstrap

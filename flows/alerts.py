@@ -25,6 +25,7 @@ from pydantic import BaseModel
 
 from runbooks.errors import InputError
 from runbooks.inventory import Inventory
+from runbooks.redact import redact_text
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +60,9 @@ def parse_alertmanager(body: Any, inventory: Inventory) -> list[Alert]:
         labels = {**common, **_mapping(raw.get("labels"))}
         notes = _mapping(raw.get("annotations"))
         alertname = str(labels.get("alertname") or "alert")[:200]
-        summary = str(notes.get("summary") or notes.get("description") or alertname)[:1000]
+        summary = redact_text(
+            str(notes.get("summary") or notes.get("description") or alertname)[:1000]
+        )
         fingerprint = str(raw.get("fingerprint") or json.dumps(labels, sort_keys=True))
         container = labels.get("container") or labels.get("container_name")
         out.append(
@@ -111,8 +114,8 @@ class Seen:
             try:
                 data = json.loads(path.read_text(encoding="utf-8"))
                 self.keys = {str(k): float(v) for k, v in data.items()}
-            except (OSError, ValueError, AttributeError):
-                self.keys = {}
+            except (OSError, ValueError, AttributeError, TypeError, OverflowError, RecursionError):
+                self.keys = {}  # unreadable: start afresh (at worst an alert is announced twice)
 
     def first_time(self, key: str) -> bool:
         now = time.time()
@@ -201,6 +204,9 @@ def make_server(
                 return
             try:
                 alerts = parse_alertmanager(json.loads(self.rfile.read(length)), inventory)
+            except RecursionError:
+                self._reply(400, {"error": "JSON nested too deeply"})
+                return
             except (ValueError, InputError) as exc:
                 self._reply(400, {"error": str(exc)[:300]})
                 return

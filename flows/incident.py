@@ -87,6 +87,9 @@ def slug(host: str) -> str:
     return re.sub(r"[^a-z0-9-]+", "-", host.lower()).strip("-")
 
 
+HOST_LOCK_LEASE_S = 60.0  # the server's minimum
+
+
 def host_lock(host: str) -> str:
     return "cudamedic-host-" + slug(host)
 
@@ -159,7 +162,18 @@ def apply_task(
     approved_by: str,
     unattended: bool,
 ) -> Outcome | str:
-    with concurrency(host_lock(target.name), occupy=1, strict=True, timeout_seconds=600):
+    # The lease is renewed while the fix runs; if the process dies mid-fix (a worker killed),
+    # the lock frees itself after HOST_LOCK_LEASE_S, so a retry does not wait five minutes. A
+    # failed renewal (the Prefect server restarting) must never cut a recreate in half: the fix
+    # goes on (Prefect's default for strict locks would cancel it).
+    with concurrency(
+        host_lock(target.name),
+        occupy=1,
+        strict=True,
+        timeout_seconds=600,
+        lease_duration=HOST_LOCK_LEASE_S,
+        raise_on_lease_renewal_failure=False,
+    ):
         try:
             return execute(
                 target, prepared, settings, approved_by=approved_by, unattended=unattended
@@ -436,5 +450,14 @@ def _wait_for_approval(
             poll_interval=2,
         )
     except FlowPauseTimeout:
+        # Prefect leaves the run Paused (and would fail it at the end); nobody answered, so the
+        # response goes on without the fix and reports that: the run is Running again.
+        if run_id:
+            from uuid import UUID
+
+            from prefect.states import Running
+
+            with get_client(sync_client=True) as client:
+                client.set_flow_run_state(UUID(run_id), Running(), force=True)
         mark("approval timed out")
         return None

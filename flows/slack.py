@@ -23,6 +23,7 @@ from reports import slack as msg
 from runbooks.errors import CudamedicError, InputError
 from runbooks.inventory import Inventory
 from runbooks.names import container_name
+from runbooks.redact import redact_text
 from runbooks.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -46,7 +47,7 @@ def web_client(settings: Settings) -> Any:
     return WebClient(
         token=settings.slack_bot_token.get_secret_value(),
         base_url=settings.slack_api_url or WebClient.BASE_URL,
-        timeout=10,
+        timeout=settings.slack_timeout,
         retry_handlers=[
             ConnectionErrorRetryHandler(max_retry_count=2),
             RateLimitErrorRetryHandler(max_retry_count=3),
@@ -70,18 +71,24 @@ def deliver(settings: Settings, method: str, **args: Any) -> dict[str, Any] | No
     client = web_client(settings)
     if client is None:
         return None
-    flush_outbox(settings, client)
     item = {"method": method, "args": args}
+    if flush_outbox(settings, client):  # older messages still wait: keep the order
+        _keep(settings, item)
+        return None
     try:
         return _send(client, item)
     except Exception as exc:  # a Slack outage must never fail a response
         log.warning("Slack %s failed (kept for later): %s", method, type(exc).__name__)
-        with _outbox_lock:
-            path = _outbox(settings)
-            path.parent.mkdir(parents=True, exist_ok=True)
-            with path.open("a", encoding="utf-8") as f:
-                f.write(json.dumps({**item, "at": time.time()}) + "\n")
+        _keep(settings, item)
         return None
+
+
+def _keep(settings: Settings, item: dict[str, Any]) -> None:
+    with _outbox_lock:
+        path = _outbox(settings)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with path.open("a", encoding="utf-8") as f:
+            f.write(json.dumps({**item, "at": time.time()}) + "\n")
 
 
 def flush_outbox(settings: Settings, client: Any = None) -> int:
@@ -93,7 +100,7 @@ def flush_outbox(settings: Settings, client: Any = None) -> int:
     if client is None:
         return 0
     with _outbox_lock:
-        items = [json.loads(ln) for ln in path.read_text(encoding="utf-8").splitlines() if ln]
+        items = _outbox_items(path.read_text(encoding="utf-8", errors="replace"))
         left = []
         for i, item in enumerate(items):
             try:
@@ -106,6 +113,43 @@ def flush_outbox(settings: Settings, client: Any = None) -> int:
         else:
             path.unlink(missing_ok=True)
         return len(left)
+
+
+def _outbox_items(text: str) -> list[dict[str, Any]]:
+    """The outbox's messages; a line cut by a crash or edited by hand is dropped (it would
+    otherwise fail every flush and hold back everything behind it)."""
+    items = []
+    for line in text.splitlines():
+        try:
+            item = json.loads(line) if line.strip() else None
+        except (ValueError, RecursionError):
+            item = None
+        if (
+            isinstance(item, dict)
+            and isinstance(item.get("method"), str)
+            and isinstance(item.get("args"), dict)
+        ):
+            items.append(item)
+        elif line.strip():
+            log.warning("dropped an unreadable line of the Slack outbox")
+    return items
+
+
+def keep_flushing(settings: Settings) -> threading.Event:
+    """Resend the outbox every `slack_outbox_flush_s` from a daemon thread (the Slack app runs
+    it), so a message kept during an outage goes out once Slack answers, even when nothing else
+    is posted. Set the returned event to stop."""
+    stop = threading.Event()
+
+    def loop() -> None:
+        while not stop.wait(settings.slack_outbox_flush_s):
+            try:
+                flush_outbox(settings)
+            except Exception as exc:  # never let the flusher die
+                log.warning("Slack outbox flush failed: %s", type(exc).__name__)
+
+    threading.Thread(target=loop, name="slack-outbox", daemon=True).start()
+    return stop
 
 
 class SlackThread:
@@ -173,7 +217,11 @@ class SlackApp:
         ts, sig = headers.get("X-Slack-Request-Timestamp"), headers.get("X-Slack-Signature")
         if not ts or not sig:
             return "unsigned request"
-        if not self.verifier.is_valid(body, ts, sig):
+        try:
+            valid = self.verifier.is_valid(body, ts, sig)
+        except (ValueError, UnicodeDecodeError):  # a timestamp that is no number, a non-UTF-8 body
+            valid = False
+        if not valid:
             return "bad signature or stale timestamp"
         if not self.signatures.first_time(f"{ts}:{sig}"):
             return "replayed request"
@@ -218,7 +266,7 @@ class SlackApp:
                     {
                         "target": host,
                         "container": container,
-                        "trigger_text": trigger,
+                        "trigger_text": redact_text(trigger) if trigger else None,
                         "detected_by": detected_by,
                         "slack": ref,
                     }
@@ -238,14 +286,16 @@ class SlackApp:
 
     # buttons, shortcut, modal
     def interaction(self, payload: dict[str, Any]) -> dict[str, Any] | None:
+        if not isinstance(payload, dict):
+            return None
         kind = payload.get("type")
-        user = str((payload.get("user") or {}).get("id", ""))
+        user = str(_obj(payload.get("user")).get("id", ""))
         if kind == "block_actions":
             self._button(payload, user)
             return None
         if kind == "message_action" and payload.get("callback_id") == "cudamedic_triage":
-            text = str((payload.get("message") or {}).get("text", ""))[:2900]
-            channel = str((payload.get("channel") or {}).get("id", ""))
+            text = str(_obj(payload.get("message")).get("text", ""))[:2900]
+            channel = str(_obj(payload.get("channel")).get("id", ""))
             deliver(
                 self.settings,
                 "views.open",
@@ -258,15 +308,18 @@ class SlackApp:
         return None
 
     def _submitted(self, payload: dict[str, Any], user: str) -> dict[str, Any] | None:
-        view = payload.get("view") or {}
+        view = _obj(payload.get("view"))
         if view.get("callback_id") != "cudamedic_triage_modal":
             return None
-        values = view.get("state", {}).get("values", {})
+        values = _obj(_obj(view.get("state")).get("values"))
 
         def field(block: str) -> str:
-            return str(values.get(block, {}).get("v", {}).get("value") or "").strip()
+            return str(_obj(_obj(values.get(block)).get("v")).get("value") or "").strip()
 
-        meta = json.loads(view.get("private_metadata") or "{}")
+        try:
+            meta = _obj(json.loads(str(view.get("private_metadata") or "{}")))
+        except (ValueError, RecursionError):
+            meta = {}
         spec = f"triage {field('host')} {field('container')}".strip()
         try:
             host, container, _ = parse_command(spec, self.inventory)
@@ -277,25 +330,25 @@ class SlackApp:
         self._start(
             host,
             container,
-            meta.get("text") or None,
+            str(meta["text"]) if meta.get("text") else None,
             user,
-            meta.get("channel", ""),
+            str(meta.get("channel", "")),
             f"Slack shortcut by <@{user}>",
         )
         return None
 
     def _button(self, payload: dict[str, Any], user: str) -> None:
-        actions = payload.get("actions") or []
-        if not actions:
+        actions = payload.get("actions")
+        if not isinstance(actions, list) or not actions:
             return
-        action = actions[0]
-        decision = {msg.APPROVE: "approve", msg.REJECT: "reject"}.get(action.get("action_id"))
-        channel = str((payload.get("channel") or {}).get("id", ""))
+        action = _obj(actions[0])
+        decision = {msg.APPROVE: "approve", msg.REJECT: "reject"}.get(str(action.get("action_id")))
+        channel = str(_obj(payload.get("channel")).get("id", ""))
         if decision is None:
             return
         try:
             run_id = str(json.loads(action.get("value") or "{}")["run"])
-        except (ValueError, KeyError, TypeError):
+        except (ValueError, KeyError, TypeError, RecursionError):
             return
         if not self.requests.first_time(f"click:{run_id}:{user}:{action.get('action_ts', '')}"):
             return
@@ -312,21 +365,26 @@ class SlackApp:
         def tell(text: str) -> None:
             deliver(self.settings, "chat.postEphemeral", channel=channel, user=user, text=text)
 
-        why_not = self.refusal(run_id, user)
+        try:
+            why_not = self.refusal(run_id, user)
+        except Exception as exc:  # a forged or stale run id, Prefect unreachable
+            log.warning("approval click for %r refused: %s", run_id[:40], type(exc).__name__)
+            why_not = "Nothing was changed: that flow run cannot be found."
         if why_not:
             tell(why_not)
             return
         from flows.triage import answer
 
-        name = str((payload.get("user") or {}).get("username") or user)
+        name = str(_obj(payload.get("user")).get("username") or user)
         try:
             answer(run_id, decision, f"{name} (Slack {user})", "Slack button")
         except (InputError, CudamedicError) as exc:
             tell(f"Nothing was changed: {exc}")
             return
-        message = payload.get("message") or {}
-        first = (message.get("blocks") or [{}])[0]
-        summary = str((first.get("text") or {}).get("text", "Fix"))
+        message = _obj(payload.get("message"))
+        blocks = message.get("blocks")
+        first = _obj(blocks[0]) if isinstance(blocks, list) and blocks else {}
+        summary = str(_obj(first.get("text")).get("text", "Fix"))
         deliver(
             self.settings,
             "chat.update",
@@ -386,13 +444,16 @@ class SlackApp:
                     log.warning("refused Slack request to %s: %s", self.path, why)
                     self._reply(401, {"error": why})
                     return
-                form = {k: v[0] for k, v in urllib.parse.parse_qs(body.decode()).items()}
+                text = body.decode("utf-8", errors="replace")
+                form = {k: v[0] for k, v in urllib.parse.parse_qs(text).items()}
                 if self.path == "/slack/commands":
                     self._reply(200, app.command(form))
                 elif self.path == "/slack/interactive":
                     try:
                         payload = json.loads(form.get("payload", "{}"))
-                    except ValueError:
+                    except (ValueError, RecursionError):
+                        payload = None
+                    if not isinstance(payload, dict):
                         self._reply(400, {"error": "bad payload"})
                         return
                     self._reply(200, app.interaction(payload))
@@ -400,6 +461,11 @@ class SlackApp:
                     self._reply(404, {"error": "not found"})
 
         return ThreadingHTTPServer((host, port), Handler)
+
+
+def _obj(value: Any) -> dict[str, Any]:
+    """A JSON object of a Slack payload, or an empty one when it is anything else."""
+    return value if isinstance(value, dict) else {}
 
 
 def _requester(run_id: str) -> str:

@@ -21,6 +21,7 @@ from prefect.exceptions import ObjectNotFound
 
 from flows.incident import Approval, Response, incident_response
 from runbooks.errors import InputError
+from runbooks.redact import redact_text
 
 
 def triage(
@@ -44,7 +45,7 @@ def triage(
             box["result"] = incident_response.with_options(flow_run_name=name)(
                 target=target,
                 container=container,
-                trigger_text=trigger,
+                trigger_text=redact_text(trigger) if trigger else None,  # a flow parameter
                 apply=apply,
                 approved_by=approved_by,
             )

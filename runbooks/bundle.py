@@ -154,7 +154,7 @@ def _read_dir(root: Path, origin: str) -> Bundle:
     if "bundle.json" in files:
         try:
             meta = BundleMeta.model_validate(json.loads(files["bundle.json"]))
-        except (ValueError, ValidationError) as exc:
+        except (ValueError, ValidationError, RecursionError) as exc:
             findings.append(
                 Finding(
                     code="bundle-json-invalid",

@@ -303,9 +303,10 @@ def cmd_slack(args: argparse.Namespace) -> int:
     settings = _settings(args)
     inventory = _required_inventory(settings, "the Slack app")
     _prefect(args, settings)
-    from flows.slack import SlackApp
+    from flows.slack import SlackApp, keep_flushing
 
     app = SlackApp(settings, inventory)
+    keep_flushing(settings)
     listen = args.listen or settings.slack_listen
     port = args.port if args.port is not None else settings.slack_port
     server = app.server(listen, port)

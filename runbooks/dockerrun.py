@@ -13,7 +13,7 @@ from __future__ import annotations
 import shlex
 from typing import Any
 
-from runbooks.redact import MASK, name_is_secret, redact_text
+from runbooks.redact import MASK, name_is_secret, redact_argv, redact_text
 
 _SIZE_UNITS = ((1 << 30, "g"), (1 << 20, "m"), (1 << 10, "k"))
 
@@ -125,14 +125,14 @@ def run_args(inspect: dict[str, Any], image_env: list[str] | None = None) -> lis
         shown = MASK if name_is_secret(str(key)) else redact_text(str(value))
         args.append(f"--label {shlex.quote(f'{key}={shown}')}")
     if _d(config.get("Healthcheck")).get("Test"):
-        args.append(
-            f"--health-cmd {shlex.quote(' '.join(map(str, config['Healthcheck']['Test'][1:])))}"
-        )
+        test = redact_argv([str(t) for t in config["Healthcheck"]["Test"][1:]])
+        args.append(f"--health-cmd {shlex.quote(' '.join(test))}")
     log = _d(host.get("LogConfig"))
     if log.get("Type") and log.get("Type") != "json-file":
         args.append(f"--log-driver {log['Type']}")
     if config.get("Entrypoint"):
-        args.append(f"--entrypoint {shlex.quote(' '.join(map(str, config['Entrypoint'])))}")
+        entrypoint = redact_argv([str(e) for e in config["Entrypoint"]])
+        args.append(f"--entrypoint {shlex.quote(' '.join(entrypoint))}")
     args.append(str(config.get("Image") or inspect.get("Image") or "?"))
     cmd = _l(config.get("Cmd"))
     if cmd:

@@ -26,6 +26,7 @@ from runbooks.model import (
     Match,
     UlimitSpec,
 )
+from runbooks.redact import redact_text
 from runbooks.taxonomy import Incident
 
 GiB = 1024**3
@@ -419,8 +420,10 @@ def plan_fix(
         "Config": {**(inspect.get("Config") or {}), **spec.config},
         "HostConfig": spec.host_config,
     }
-    before = run_args(inspect, image_env)
-    after = run_args(after_inspect, image_env)
+    # What people see of the container's `docker run` (plan, approval, report, Slack) is
+    # redacted; the container itself is recreated from `spec`, which keeps every value.
+    before = [redact_text(a) for a in run_args(inspect, image_env)]
+    after = [redact_text(a) for a in run_args(after_inspect, image_env)]
     if before == after:
         raise FixError(
             f"{name} already runs with {' '.join(fix.docker_run) or 'this fix'}; nothing to change"

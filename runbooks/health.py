@@ -13,6 +13,7 @@ stamps, by the collection time for dated ones) and only once per (code, GPU).
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections.abc import Iterable, Mapping
 from datetime import datetime, timedelta
@@ -158,9 +159,10 @@ def parse_uptime(text: str | None) -> float | None:
     if not text:
         return None
     try:
-        return float(text.split()[0])
+        seconds = float(text.split()[0])
     except (ValueError, IndexError):
         return None
+    return seconds if math.isfinite(seconds) and seconds >= 0 else None  # 'nan', '-5': not one
 
 
 def _in_window(

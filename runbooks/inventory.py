@@ -65,7 +65,26 @@ class Host(BaseModel):
     @field_validator("key_file", mode="before")
     @classmethod
     def _key(cls, v: Any) -> Any:
-        return Path(v).expanduser() if isinstance(v, str) else v
+        try:
+            return Path(v).expanduser() if isinstance(v, str) else v
+        except RuntimeError as exc:  # ~nosuchuser/...
+            raise ValueError(f"cannot expand {v!r}: {exc}") from None
+
+    @field_validator("jump")
+    @classmethod
+    def _jump(cls, v: str | None) -> str | None:
+        """Another inventory host's name (checked when the inventory is built), or
+        ``[user@]host[:port]``: every part validated like a host's own."""
+        if v is None or names.is_inventory_name(v):
+            return v
+        user, _, rest = v.rpartition("@")
+        address, _, port = rest.partition(":")
+        if user:
+            names.user_name(user)
+        names.host_address(address)
+        if port:
+            names.port(port)
+        return v
 
 
 class Inventory(BaseModel):
@@ -98,8 +117,10 @@ def load_inventory(path: Path) -> Inventory:
             pass  # not INI: fall through to YAML
     try:
         data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
+    except (yaml.YAMLError, ValueError) as exc:  # ValueError: an integer of 5000 digits
         raise InputError(f"inventory {path} is not valid YAML: {exc}") from exc
+    except RecursionError:  # PyYAML composes nested collections recursively
+        raise InputError(f"inventory {path} is nested too deeply to be an inventory") from None
     if not isinstance(data, dict):
         raise InputError(f"inventory {path} must be a mapping with 'hosts:' (or an Ansible 'all:')")
     if "hosts" in data and "all" not in data:
@@ -183,26 +204,43 @@ def _ansible_host(name: str, hostvars: dict[str, Any], groups: list[str]) -> dic
 def _from_ansible_yaml(data: dict[str, Any], path: Path) -> Inventory:
     raw: dict[str, dict[str, Any]] = {}
 
-    def walk(group: str, node: Any, inherited: dict[str, Any], parents: list[str]) -> None:
+    visits = 0
+
+    def mapping(value: Any, what: str) -> dict[Any, Any]:
+        if value is None:
+            return {}
+        if not isinstance(value, dict):
+            raise InputError(f"inventory {path}: {what} must be a mapping")
+        return value
+
+    def walk(
+        group: str, node: Any, inherited: dict[str, Any], parents: list[str], path_ids: set[int]
+    ) -> None:
+        nonlocal visits
         if node is None:
             return
-        if not isinstance(node, dict):
-            raise InputError(f"inventory {path}: group {group!r} must be a mapping")
-        gvars = {**inherited, **(node.get("vars") or {})}
+        mapping(node, f"group {group!r}")
+        visits += 1
+        if id(node) in path_ids:  # YAML anchors can make a group its own child
+            raise InputError(f"inventory {path}: group {group!r} contains itself")
+        if visits > 10_000:  # ... or repeat one group exponentially often
+            raise InputError(f"inventory {path}: more than 10000 groups (repeated anchors?)")
+        gvars = {**inherited, **mapping(node.get("vars"), f"group {group!r} vars")}
         chain = [*parents, group]
-        for hname, hvars in (node.get("hosts") or {}).items():
-            merged = {**gvars, **(hvars or {})}
+        for hname, hvars in mapping(node.get("hosts"), f"group {group!r} hosts").items():
+            merged = {**gvars, **mapping(hvars, f"host {hname!r}")}
             entry = _ansible_host(str(hname), merged, chain)
             if str(hname) in raw:
                 old = raw[str(hname)]
                 entry["tags"] = tuple(dict.fromkeys([*old.get("tags", ()), *entry["tags"]]))
                 entry = {**old, **entry}
             raw[str(hname)] = entry
-        for child, cnode in (node.get("children") or {}).items():
-            walk(str(child), cnode, gvars, chain)
+        children = mapping(node.get("children"), f"group {group!r} children")
+        for child, cnode in children.items():
+            walk(str(child), cnode, gvars, chain, path_ids | {id(node)})
 
     for group, node in data.items():
-        walk(str(group), node, {}, [])
+        walk(str(group), node, {}, [], set())
     return _build(raw, path)
 
 

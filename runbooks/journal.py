@@ -52,7 +52,7 @@ def _read(path: Path) -> list[dict[str, Any]]:
     for raw in path.read_text(encoding="utf-8", errors="replace").splitlines():
         try:
             record = json.loads(raw)
-        except ValueError:
+        except (ValueError, RecursionError):
             continue  # a line cut by a crash mid-write
         if isinstance(record, dict):
             out.append(record)

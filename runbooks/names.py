@@ -19,6 +19,7 @@ _HOSTNAME = re.compile(
 )
 _INVENTORY_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
 _USER = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]{0,31}")
+_ZONE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,31}")
 
 
 def _show(value: str) -> str:
@@ -38,14 +39,25 @@ def container_name(value: str) -> str:
 
 def host_address(value: str) -> str:
     """A DNS name or an IP literal (IPv6 may be bracketed)."""
-    raw = value[1:-1] if value.startswith("[") and value.endswith("]") else value
+    bracketed = value.startswith("[") and value.endswith("]")
+    raw = value[1:-1] if bracketed else value
     try:
-        return str(ipaddress.ip_address(raw))
+        address = str(ipaddress.ip_address(raw))
     except ValueError:
-        pass
+        if bracketed:  # [..] holds an IPv6 address, never a name
+            raise InputError(f"invalid host address {_show(value)}: not an IPv6 address") from None
+    else:
+        # An IPv6 zone (fe80::1%eth0) is an interface name; Python takes any text there.
+        if "%" in address and not _ZONE.fullmatch(address.partition("%")[2]):
+            raise InputError(f"invalid host address {_show(value)}: bad IPv6 zone")
+        return address
     if not _HOSTNAME.fullmatch(raw) or len(raw) > 253:
         raise InputError(f"invalid host address {_show(value)}: not a DNS name or IP address")
     return raw
+
+
+def is_inventory_name(value: str) -> bool:
+    return bool(_INVENTORY_NAME.fullmatch(value))
 
 
 def inventory_name(value: str) -> str:
@@ -63,7 +75,7 @@ def user_name(value: str) -> str:
 def port(value: int | str) -> int:
     try:
         number = int(value)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):  # OverflowError: YAML's .inf
         raise InputError(f"invalid port {_show(str(value))}: not a number") from None
     if not 1 <= number <= 65535:
         raise InputError(f"invalid port {number}: must be 1..65535")

@@ -48,8 +48,10 @@ def load_policy(path: Path | None) -> Policy:
     try:
         data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
         return Policy.model_validate(data)
-    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
-        raise InputError(f"cannot read policy {path}: {exc}") from exc
     except ValidationError as exc:
         problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
         raise InputError(f"invalid policy {path}: {problems}") from None
+    except (OSError, yaml.YAMLError, ValueError) as exc:  # ValueError: bad UTF-8, 5000 digits
+        raise InputError(f"cannot read policy {path}: {exc}") from exc
+    except RecursionError:  # nested too deeply for PyYAML, or a value that contains itself
+        raise InputError(f"cannot read policy {path}: nested too deeply") from None

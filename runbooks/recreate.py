@@ -355,7 +355,7 @@ def _no_recurrence(engine: DockerEngine, plan: FixPlan, cid: str, started: int) 
     wanted = {s.id for s in signatures() if s.incident == plan.incident and s.role != "context"}
     found = [sid for sid in scan_text(log, "new.log").hits if sid in wanted]
     return Check(
-        name="signature-gone",
+        name="error-gone",  # ("signature" would read as a credential name to redaction)
         ok=not found,
         detail=f"recurred: {', '.join(found)}" if found else "not seen in the new log",
     )

@@ -135,8 +135,10 @@ def parse_runbook(text: str, origin: str = "<runbook>") -> Runbook:
     """Validate runbook YAML text; every problem is one InputError naming the key."""
     try:
         data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
+    except (yaml.YAMLError, ValueError) as exc:  # ValueError: an integer of 5000 digits
         raise InputError(f"runbook {origin} is not valid YAML: {exc}") from None
+    except RecursionError:  # PyYAML composes nested collections recursively
+        raise InputError(f"runbook {origin} is nested too deeply to be a runbook") from None
     if not isinstance(data, dict):
         raise InputError(f"runbook {origin} must be a YAML mapping, got {type(data).__name__}")
     try:
@@ -148,6 +150,8 @@ def parse_runbook(text: str, origin: str = "<runbook>") -> Runbook:
         raise InputError(f"invalid runbook {origin}: {problems}") from None
     except (TypeError, ValueError) as exc:  # odd YAML (e.g. unhashable keys) pydantic rejects
         raise InputError(f"invalid runbook {origin}: {exc}") from None
+    except RecursionError:  # a collection that contains itself (YAML anchors)
+        raise InputError(f"invalid runbook {origin}: a value refers to itself") from None
 
 
 @functools.cache

@@ -73,6 +73,8 @@ class Settings(BaseSettings):
     slack_four_eyes: bool = True  # the person who asked may not approve
     slack_listen: str = "127.0.0.1"
     slack_port: int = Field(default=3000, gt=0, lt=65536)
+    slack_timeout: int = Field(default=10, gt=0)  # seconds for one Web API call (before retries)
+    slack_outbox_flush_s: float = Field(default=60.0, gt=0)  # the app resends what failed
 
     @property
     def state_path(self) -> Path:
@@ -113,8 +115,10 @@ def _load_config_file(path: str | None) -> dict[str, Any]:
         return {}
     try:
         data = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
-    except (OSError, yaml.YAMLError, UnicodeDecodeError) as exc:
+    except (OSError, yaml.YAMLError, ValueError) as exc:  # ValueError: bad UTF-8, 5000 digits
         raise InputError(f"cannot read config file {path}: {exc}") from exc
+    except RecursionError:  # PyYAML composes nested collections recursively
+        raise InputError(f"cannot read config file {path}: nested too deeply") from None
     if data is None:
         return {}
     if not isinstance(data, dict):

@@ -15,6 +15,7 @@ import fcntl
 import json
 import os
 import shutil
+import threading
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
@@ -104,8 +105,32 @@ def check_hosts(
     if not names:
         return []
     workers = max(1, min(workers or book.concurrency, len(names)))
+    deadline = book.timeouts.collect
     with concurrent.futures.ThreadPoolExecutor(max_workers=workers) as pool:
-        return list(pool.map(lambda n: check_one(n, inventory, settings, book, out_dir), names))
+        return list(
+            pool.map(
+                lambda n: within(
+                    deadline, n, lambda: check_one(n, inventory, settings, book, out_dir)
+                ),
+                names,
+            )
+        )
+
+
+def within(seconds: float, name: str, check: Callable[[], HostResult]) -> HostResult:
+    """The host's result, or a finding when it has none within `seconds` (the sweep runbook's
+    per-host timeout). However a host misbehaves, the sweep never waits longer for it: the late
+    check is abandoned to its own (shorter, per-call) timeouts in a daemon thread."""
+    box: list[HostResult] = []
+    worker = threading.Thread(target=lambda: box.append(check()), name=f"check {name}", daemon=True)
+    worker.start()
+    worker.join(seconds)
+    if box:
+        return box[0]
+    result = failed_result(
+        name, f"no answer within the sweep's per-host timeout ({seconds:g}s); check abandoned"
+    )
+    return result.model_copy(update={"duration_s": seconds})
 
 
 def batches(names: list[str], size: int) -> list[list[str]]:
@@ -156,12 +181,24 @@ def locked_state(settings: Settings) -> Iterator[tuple[State, Callable[[State], 
 
 
 def _read_state(path: Path) -> State:
+    """The stored state; what is not host -> finding key -> {field: text} (a file cut by a crash
+    or edited by hand) is left out: at worst a finding is reported as new again."""
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         return {}
     hosts = data.get("hosts") if isinstance(data, dict) else None
-    return hosts if isinstance(hosts, dict) else {}
+    if not isinstance(hosts, dict):
+        return {}
+    return {
+        str(host): {
+            str(key): {str(k): v for k, v in entry.items() if isinstance(v, str)}
+            for key, entry in findings.items()
+            if isinstance(entry, dict)
+        }
+        for host, findings in hosts.items()
+        if isinstance(findings, dict)
+    }
 
 
 def summarize(changes: list[HostChange]) -> dict[str, int]:

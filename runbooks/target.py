@@ -25,6 +25,9 @@ def resolve_target(spec: str, inventory: Inventory | None) -> Target:
     if spec == "local":
         return Target(kind="local", name="local")
     if spec.startswith("ssh://"):
+        if any(ch.isspace() or not ch.isprintable() for ch in spec):
+            # urlsplit silently drops tabs and newlines: refuse rather than connect elsewhere
+            raise InputError(f"invalid target {spec[:80]!r}: whitespace or control characters")
         try:
             url = urlsplit(spec)
             url_port = url.port

@@ -72,6 +72,7 @@ def settings(lab: LabState, tmp_path: Path) -> Settings:
         inventory=Path(lab.inventory),
         known_hosts=Path(lab.known_hosts),
         out_dir=tmp_path / "bundles",
+        state_dir=tmp_path / "state",  # never the machine's ~/.local/state
         ssh_connect_timeout=5,
         command_timeout=5,
         exec_timeout=10,
@@ -125,12 +126,15 @@ def make_container(gpu_engine: docker.DockerClient) -> Iterator[object]:
 
 
 def pytest_terminal_summary(terminalreporter: object) -> None:
-    """Print the corpus accuracy table (per-class precision and recall) after the run."""
+    """Print the reliability figures and the corpus accuracy table after the run."""
+    from tests.reliability.figures import table
     from tests.test_corpus import REPORT
 
+    write = terminalreporter.write_line  # type: ignore[attr-defined]
+    for line in table():
+        write(line)
     if not REPORT:
         return
-    write = terminalreporter.write_line  # type: ignore[attr-defined]
     write(f"corpus accuracy: {REPORT['correct']}/{REPORT['total']} = {REPORT['accuracy']:.3f}")
     write(f"{'class':28} {'cases':>5} {'precision':>9} {'recall':>7}")
     for cls, n, precision, recall in REPORT["rows"]:  # type: ignore[union-attr]

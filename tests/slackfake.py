@@ -1,6 +1,7 @@
 """A local stand-in for Slack's Web API (the lowest layer: HTTP), reached through slack-sdk's
 `base_url`. It speaks the methods cudamedic calls, records every call, and can be told to answer
-a method with HTTP 429 (Retry-After) or 5xx a number of times first."""
+a method with HTTP 429 (Retry-After) or 5xx a number of times first, or hang past the client's
+timeout (status 0) before answering 503."""
 
 from __future__ import annotations
 
@@ -22,14 +23,22 @@ class FakeSlack:
         self.usergroups: dict[str, list[str]] = {}
         self.channel_members: dict[str, list[str]] = {}
         self.lock = threading.Lock()
+        self.hang_s = 3.0
+        self.down = False  # every method answers 503 (an outage)
         self._ts = 0
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
         self.base_url = f"http://127.0.0.1:{self.server.server_address[1]}/api/"
 
     # -- test helpers --------------------------------------------------------------------------
     def fail(self, method: str, status: int, times: int, retry_after: int = 1) -> None:
+        """Answer `method` with `status` the next `times` calls; status 0: hang for
+        `self.hang_s`, then 503 (the client has given up by then)."""
         headers = {"Retry-After": str(retry_after)} if status == 429 else {}
         self.failures.setdefault(method, []).extend([(status, headers)] * times)
+
+    def delivered(self, method: str) -> list[dict[str, Any]]:
+        """The calls of `method` that were answered ok (what reached the channel)."""
+        return [c for c in self.of(method) if (c.get("response") or {}).get("ok")]
 
     def of(self, method: str) -> list[dict[str, Any]]:
         with self.lock:
@@ -85,7 +94,7 @@ class FakeSlack:
 
             def do_POST(self) -> None:
                 raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-                if self.path.startswith("/upload/"):
+                if self.path.startswith("/upload/") and not fake.down:
                     fake.uploads[self.path.rsplit("/", 1)[1]] = raw
                     self._send(200, b"OK", "text/plain")
                     return
@@ -101,9 +110,19 @@ class FakeSlack:
                     )
                     queued = fake.failures.get(method)
                     failure = queued.pop(0) if queued else None
+                    if fake.down:
+                        failure = (503, {})
                 if failure is not None:
                     status, headers = failure
-                    self._send(status, b'{"ok": false, "error": "ratelimited"}', headers=headers)
+                    if status == 0:
+                        time.sleep(fake.hang_s)
+                        status = 503
+                    try:
+                        self._send(
+                            status, b'{"ok": false, "error": "ratelimited"}', headers=headers
+                        )
+                    except OSError:  # the client gave up waiting
+                        pass
                     return
                 answer = fake._answer(method, args)
                 with fake.lock:

@@ -214,34 +214,6 @@ def test_bad_approvals_are_clear_errors(env: dict[str, str]) -> None:
     assert unknown.returncode == 2 and "no flow run" in unknown.stderr
 
 
-def test_two_triggers_on_one_host_fix_it_once(
-    env: dict[str, str],
-    make_container,
-    container_name: str,
-    gpu_engine,
-    volume: str,  # noqa: F811
-) -> None:
-    shm_container(make_container, container_name, volume)
-    args = [*CLI, "triage", "gpu-healthy", "--container", container_name, "--apply", "--yes"]
-    procs = [
-        subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-        for _ in range(2)
-    ]
-    outs = [p.communicate(timeout=240) for p in procs]
-    for out, err in outs:
-        assert "outcome:" in out and "Traceback" not in err, out + err
-    outcomes = sorted(field(o, "outcome").split(":")[0] for o, _ in outs)
-    assert "fixed" in outcomes, outs
-    assert outcomes.count("fixed") == 1, outs
-    backups = [
-        c.name
-        for c in gpu_engine.containers.list(all=True)
-        if c.name.startswith(container_name + "-cudamedic-backup")
-    ]
-    assert len(backups) == 1, backups
-    assert gpu_engine.containers.get(container_name).attrs["HostConfig"]["ShmSize"] == 8 << 30
-
-
 def test_unattended_policy_and_the_circuit_breaker(
     env: dict[str, str],
     make_container,

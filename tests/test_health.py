@@ -6,9 +6,6 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
-import yaml
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 from runbooks import breaker
 from runbooks.bundle import open_bundle
@@ -235,71 +232,3 @@ def test_runbook_of_the_wrong_kind_or_missing(tmp_path: Path) -> None:
         load_runbook(path, "incident")
     with pytest.raises(InputError, match="cannot read runbook"):
         load_runbook(tmp_path / "absent.yaml", "sweep")
-
-
-# -- hostile input (property-based) -----------------------------------------------------------
-_json = st.recursive(
-    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=40),
-    lambda inner: (
-        st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=12), inner, max_size=4)
-    ),
-    max_leaves=20,
-)
-
-
-@settings(max_examples=200, deadline=None)
-@given(st.text(max_size=600) | _json.map(yaml.safe_dump))
-def test_runbook_loader_never_raises_anything_but_input_error(text: str) -> None:
-    try:
-        parse_runbook(text, "fuzz.yaml")
-    except InputError as exc:
-        assert "fuzz.yaml" in str(exc)
-
-
-@settings(max_examples=200, deadline=None)
-@given(_json)
-def test_alert_payloads_never_raise_anything_but_input_error(body: object) -> None:
-    from flows.alerts import parse_alertmanager
-    from runbooks.inventory import Host, Inventory
-
-    inv = Inventory(hosts={"node07": Host(name="node07", address="10.0.0.7")})
-    try:
-        alerts = parse_alertmanager(body, inv)
-    except InputError:
-        return
-    assert all(a.host in (None, "node07") for a in alerts)
-
-
-@settings(max_examples=300, deadline=None)
-@given(st.text(max_size=200))
-def test_slack_command_text_is_parsed_or_refused(text: str) -> None:
-    from flows.slack import parse_command
-    from runbooks.inventory import Host, Inventory
-
-    inv = Inventory(hosts={"node07": Host(name="node07", address="10.0.0.7")})
-    try:
-        host, container, _ = parse_command(text, inv)
-    except InputError:
-        return
-    assert host == "node07"
-    assert container is None or all(ch not in container for ch in ";|&$`'\" \n")
-
-
-@settings(max_examples=100, deadline=None)
-@given(_json, _json)
-def test_diff_of_odd_stored_states_never_raises(before: object, after: object) -> None:
-    def state(v: object) -> dict[str, dict[str, dict[str, str]]]:
-        if not isinstance(v, dict):
-            return {}
-        return {
-            str(h): {
-                str(k): {str(a): str(b) for a, b in f.items()}
-                for k, f in fs.items()
-                if isinstance(f, dict)
-            }
-            for h, fs in v.items()
-            if isinstance(fs, dict)
-        }
-
-    for change in diff(state(before), state(after)):
-        assert change.change in ("new", "changed", "resolved")

@@ -97,10 +97,10 @@ _UPTIME = re.compile(r"^\[\s*(?P<up>\d+\.\d+)\]\s?")
 
 _XID = re.compile(
     r"NVRM: Xid \((?:PCI:)?(?P<pci>[0-9A-Fa-f]{1,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2})"
-    r"(?:\.[0-7])?(?P<attrs>[^)]{0,80})\):\s*(?P<code>\d+)\s*,?\s*(?P<rest>.*)$"
+    r"(?:\.[0-7])?(?P<attrs>[^)]{0,80})\):\s*(?P<code>\d{1,9})(?!\d)\s*,?\s*(?P<rest>.*)$"
 )
-_GPU_I = re.compile(r"GPU-I:\s*(\d+)")
-_GPU_CI = re.compile(r"GPU-CI:\s*(\d+)")
+_GPU_I = re.compile(r"GPU-I:\s*(\d{1,9})(?!\d)")
+_GPU_CI = re.compile(r"GPU-CI:\s*(\d{1,9})(?!\d)")
 _PID = re.compile(r"^pid=(?:'(?P<quoted>[^']*)'|(?P<bare>[^,\s]*)),?\s*")
 _NAME = re.compile(r"^name=(?P<name>[^,]*),?\s*")
 _INIT_FAILED = re.compile(r"RmInitAdapter failed|rm_init_adapter failed", re.IGNORECASE)
@@ -110,7 +110,7 @@ _CLIENT = re.compile(
 )
 _MODULE = re.compile(r"this kernel module has\s+the version (?P<v>\d+(?:\.\d+)*)")
 _OOM_KILLED = re.compile(
-    r"(?:Out of memory|Memory cgroup out of memory): Kill(?:ed)? process (?P<pid>\d+) "
+    r"(?:Out of memory|Memory cgroup out of memory): Kill(?:ed)? process (?P<pid>\d{1,18}) "
     r"\((?P<name>[^)]*)\)"
 )
 _OOM_KILL = re.compile(r"oom-kill:(?P<fields>\S+)")
@@ -177,7 +177,7 @@ def _xid(body: str, stamp: _Stamp, line: Line) -> XidEvent | None:
     name: str | None = None
     if pm := _PID.match(rest):
         raw = pm["quoted"] if pm["quoted"] is not None else pm["bare"]
-        pid = int(raw) if raw.isdigit() else None
+        pid = int(raw) if raw.isdecimal() and len(raw) <= 18 else None
         rest = rest[pm.end() :]
         if nm := _NAME.match(rest):
             name = nm["name"].strip() or None
@@ -326,7 +326,7 @@ def parse_kernel_log(text: str, source: str = "dmesg.txt") -> KernelLogFacts:
         pid = fields.get("pid", "")
         ooms.append(
             OomKill(
-                pid=int(pid) if pid.isdigit() else None,
+                pid=int(pid) if pid.isdecimal() and len(pid) <= 18 else None,
                 process_name=fields.get("task"),
                 constraint=fields.get("constraint"),
                 task_memcg=fields.get("task_memcg"),

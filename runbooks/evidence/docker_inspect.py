@@ -96,10 +96,15 @@ def _as_dict(value: Any) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
 
 
+def _list(value: Any) -> list[Any]:
+    """A JSON array, or nothing (Docker writes null for an empty one; anything else is odd)."""
+    return value if isinstance(value, list) else []
+
+
 def _int(value: Any) -> int | None:
     try:
         return int(value)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):  # OverflowError: 1e999 reads as infinity
         return None
 
 
@@ -139,7 +144,7 @@ def parse_inspect(text: str, source: str = "containers/inspect.json") -> Inspect
                 )
             )
         data = data[0]
-    if not isinstance(data, dict) or not data:
+    if not isinstance(data, dict) or not data.keys() & _CONTAINER_KEYS:
         return InspectFacts(
             findings=(
                 Finding(
@@ -150,7 +155,20 @@ def parse_inspect(text: str, source: str = "containers/inspect.json") -> Inspect
                 ),
             )
         )
+    odd = [k for k in ("Config", "HostConfig", "State") if not isinstance(data.get(k), dict | None)]
+    if odd:
+        findings.append(
+            Finding(
+                code="inspect-odd-section",
+                source=source,
+                severity="warning",
+                message=f"{', '.join(odd)} not an object; read as empty",
+            )
+        )
     return _facts(data, source, findings)
+
+
+_CONTAINER_KEYS = {"Id", "Name", "Image", "Config", "HostConfig", "State"}
 
 
 def facts_from_dict(data: dict[str, Any], source: str = "containers/inspect.json") -> InspectFacts:
@@ -162,30 +180,30 @@ def _facts(data: dict[str, Any], source: str, findings: list[Finding]) -> Inspec
     host = _as_dict(data.get("HostConfig"))
     state = _as_dict(data.get("State"))
     env: dict[str, str] = {}
-    for item in config.get("Env") or []:
+    for item in _list(config.get("Env")):
         if isinstance(item, str):
             key, _, value = item.partition("=")
             env[key] = value
     labels = {str(k): str(v) for k, v in _as_dict(config.get("Labels")).items()}
     requests: list[GpuRequest] = []
-    for req in host.get("DeviceRequests") or []:
+    for req in _list(host.get("DeviceRequests")):
         if not isinstance(req, dict):
             continue
         caps = tuple(
             tuple(str(c) for c in group)
-            for group in req.get("Capabilities") or []
+            for group in _list(req.get("Capabilities"))
             if isinstance(group, list)
         )
         requests.append(
             GpuRequest(
                 driver=str(req.get("Driver") or ""),
                 count=_int(req.get("Count")) or 0,
-                device_ids=tuple(str(d) for d in req.get("DeviceIDs") or []),
+                device_ids=tuple(str(d) for d in _list(req.get("DeviceIDs"))),
                 capabilities=caps,
             )
         )
     ulimits = []
-    for u in host.get("Ulimits") or []:
+    for u in _list(host.get("Ulimits")):
         if isinstance(u, dict) and u.get("Name"):
             ulimits.append(
                 Ulimit(
@@ -195,7 +213,7 @@ def _facts(data: dict[str, Any], source: str, findings: list[Finding]) -> Inspec
                 )
             )
     devices = tuple(
-        str(d.get("PathOnHost", "")) for d in host.get("Devices") or [] if isinstance(d, dict)
+        str(d.get("PathOnHost", "")) for d in _list(host.get("Devices")) if isinstance(d, dict)
     )
     image = str(config.get("Image") or data.get("Image") or "")
     exit_code = _int(state.get("ExitCode"))
@@ -213,16 +231,16 @@ def _facts(data: dict[str, Any], source: str, findings: list[Finding]) -> Inspec
         shm_size=_int(host.get("ShmSize")) or None,
         ipc_mode=str(host.get("IpcMode") or ""),
         ulimits=tuple(ulimits),
-        cap_add=tuple(str(c) for c in host.get("CapAdd") or []),
+        cap_add=tuple(str(c) for c in _list(host.get("CapAdd"))),
         privileged=bool(host.get("Privileged")),
-        binds=tuple(str(b) for b in host.get("Binds") or []),
+        binds=tuple(str(b) for b in _list(host.get("Binds"))),
         mounts=tuple(
             {
                 k: str(v)
                 for k, v in m.items()
                 if k in ("Type", "Source", "Destination", "Name", "RW")
             }
-            for m in data.get("Mounts") or []
+            for m in _list(data.get("Mounts"))
             if isinstance(m, dict)
         ),
         user=str(config.get("User") or ""),

@@ -94,18 +94,18 @@ class NcclTestFacts(Frozen):
 _PREFIX = re.compile(r"^\s*(?:\[\d+,\d+\]<std(?:out|err)>:|\d+:(?=\s|$))")
 _STARTING = re.compile(r"Collective test starting:\s*(?P<bin>\w+?)_perf\b")
 _BINARY = re.compile(r"\b(?P<bin>[a-z][a-z_]*?)_perf(?:_mpi)?\b")
-_HEADER = re.compile(r"^#?\s*nThread\s+(?P<threads>\d+)\s+nGpus\s+(?P<gpus>\d+)")
+_HEADER = re.compile(r"^#?\s*nThread\s+(?P<threads>\d{1,9})\s+nGpus\s+(?P<gpus>\d{1,9})(?!\d)")
 _DEVICE = re.compile(
-    r"^#\s+Rank\s+(?P<rank>\d+)\s+(?:Group\s+(?P<group>\d+)\s+)?Pid\s+(?P<pid>\d+)\s+on\s+"
-    r"(?P<host>\S+)\s+device\s+(?P<device>\d+)\s+\[(?P<bus>[^\]]*)\]\s+(?P<model>.+?)\s*$"
+    r"^#\s+Rank\s+(?P<rank>\d{1,9})\s+(?:Group\s+(?P<group>\d{1,9})\s+)?Pid\s+(?P<pid>\d{1,18})\s+"
+    r"on\s+(?P<host>\S+)\s+device\s+(?P<device>\d{1,9})\s+\[(?P<bus>[^\]]*)\]\s+(?P<model>.+?)\s*$"
 )
 _VERSION = re.compile(r"NCCL version (?P<v>[\w.+-]+)")
 _AVG = re.compile(r"Avg bus bandwidth\s*:\s*(?P<v>[-+]?\d+(?:\.\d*)?(?:[eE][-+]?\d+)?)")
-_OOB = re.compile(r"Out of bounds values\s*:\s*(?P<n>\d+)\s*(?P<verdict>OK|FAILED)?")
+_OOB = re.compile(r"Out of bounds values\s*:\s*(?P<n>\d{1,18})(?!\d)\s*(?P<verdict>OK|FAILED)?")
 _FAILURE = re.compile(
     r"NCCL WARN|Test (?:CUDA |NCCL )?failure|FAILED|NCCL (?:error|failure)|unhandled \w+ error"
 )
-_INT = re.compile(r"^-?\d+$")
+_INT = re.compile(r"^-?\d{1,30}$")  # longer is no count: int() would refuse it
 _FLOAT = re.compile(r"^-?\d+(?:\.\d*)?(?:[eE][-+]?\d+)?$")
 
 
@@ -117,7 +117,8 @@ def _wrong_or_error(cell: str | None, error_column: bool) -> tuple[int | None, f
     if cell is None or cell == "N/A":
         return None, None
     if not error_column and _INT.match(cell):
-        return int(cell), None
+        wrong = int(cell)
+        return (wrong, None) if wrong >= 0 else (None, None)  # a negative count is no count
     return None, _float(cell)
 
 

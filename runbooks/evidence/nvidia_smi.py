@@ -25,6 +25,7 @@ Bus ids are normalised to the lower-case ``dddd:bb:dd.f`` form (NVML prints
 
 from __future__ import annotations
 
+import math
 import re
 import xml.etree.ElementTree as ET  # size-capped; DOCTYPE internal subsets/ENTITY refused
 from typing import Literal
@@ -202,7 +203,8 @@ def _number(raw: str | None) -> float | None:
     if raw is None or raw.strip().lower() in _NOT_A_VALUE:
         return None
     m = _LEADING_NUMBER.match(raw)
-    return float(m.group(1)) if m else None
+    value = float(m.group(1)) if m else None
+    return value if value is not None and math.isfinite(value) else None  # 400 digits: inf
 
 
 def _integer(raw: str | None) -> int | None:
@@ -226,15 +228,15 @@ def _value(raw: str | None) -> str | None:
 _DRIVER = re.compile(r"Driver Version:\s*(?P<v>[\w.-]+)")
 _CUDA = re.compile(r"CUDA Version:\s*(?P<v>\d+(?:\.\d+)*|N/A)")
 _NVML_LIB = re.compile(r"NVML library version:\s*(?P<v>[\w.-]+)", re.IGNORECASE)
-_GPU_HEAD = re.compile(r"^(?P<index>\d+)\s+(?P<name>.*?)(?:\s+(?P<pm>On|Off|N/A|ERR!))?$")
-_LIST_GPU = re.compile(r"^GPU (?P<index>\d+): (?P<name>.+?) \(UUID: (?P<uuid>GPU-[\w-]+)\)$")
+_GPU_HEAD = re.compile(r"^(?P<index>\d{1,9})\s+(?P<name>.*?)(?:\s+(?P<pm>On|Off|N/A|ERR!))?$")
+_LIST_GPU = re.compile(r"^GPU (?P<index>\d{1,9}): (?P<name>.+?) \(UUID: (?P<uuid>GPU-[\w-]+)\)$")
 _LIST_MIG = re.compile(r"^MIG .*?Device\s+\d+: \(UUID: (?P<uuid>MIG-[\w/-]+)\)$")
 _PROC_NEW = re.compile(
-    r"^(?P<gpu>\d+)\s+(?P<gi>N/A|\d+)\s+(?P<ci>N/A|\d+)\s+(?P<pid>\d+)\s+"
+    r"^(?P<gpu>\d{1,9})\s+(?P<gi>N/A|\d+)\s+(?P<ci>N/A|\d+)\s+(?P<pid>\d{1,18})\s+"
     r"(?P<type>C\+G|M\+C|C|G|M)\s+(?P<name>.*?)\s+(?P<mem>\d+MiB|N/A)$"
 )
 _PROC_OLD = re.compile(
-    r"^(?P<gpu>\d+)\s+(?P<pid>\d+)\s+(?P<type>C\+G|M\+C|C|G|M)\s+(?P<name>.*?)\s+"
+    r"^(?P<gpu>\d{1,9})\s+(?P<pid>\d{1,18})\s+(?P<type>C\+G|M\+C|C|G|M)\s+(?P<name>.*?)\s+"
     r"(?P<mem>\d+MiB|N/A)$"
 )
 _MEMORY = re.compile(r"^(?P<used>\S+)\s*/\s*(?P<total>\S+)$")
@@ -767,6 +769,15 @@ def parse_nvidia_smi_xml(text: str, source: str = "nvidia-smi.xml") -> SmiXmlFac
     gpu_elements = [root] if root.tag == "gpu" else root.findall(".//gpu")
     gpus = tuple(_xml_gpu(i, g) for i, g in enumerate(gpu_elements))
     attached = _integer(_txt(root, "attached_gpus"))
+    if not gpus and attached is None:
+        findings.append(
+            Finding(
+                code="xml-no-gpus",
+                message="no <gpu> elements and no attached_gpus: not an nvidia-smi -q -x log",
+                source=source,
+                severity="warning",
+            )
+        )
     if attached is not None and attached != len(gpus):
         findings.append(
             Finding(

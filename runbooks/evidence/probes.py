@@ -14,6 +14,7 @@ All pure, never raising: odd input gives empty facts plus a finding.
 from __future__ import annotations
 
 import json
+import math
 import re
 from typing import Any
 
@@ -45,13 +46,13 @@ def parse_torch_probe(text: str, source: str = "containers/exec-torch.txt") -> T
             continue
         try:
             data: Any = json.loads(raw)
-        except ValueError:
+        except (ValueError, RecursionError):
             continue
         if not isinstance(data, dict):
             continue
         devices = tuple(
             {str(k): str(v) for k, v in d.items()}
-            for d in data.get("devices") or []
+            for d in _list(data.get("devices"))
             if isinstance(d, dict)
         )
         count = data.get("device_count")
@@ -65,7 +66,7 @@ def parse_torch_probe(text: str, source: str = "containers/exec-torch.txt") -> T
             else None,
             device_count=count if isinstance(count, int) else None,
             devices=devices,
-            arch_list=tuple(str(a) for a in data.get("arch_list") or []),
+            arch_list=tuple(str(a) for a in _list(data.get("arch_list"))),
             error=_str(data.get("error")),
             line=Line(source=source, line=number, text=raw[:500]),
         )
@@ -77,16 +78,21 @@ def _str(value: Any) -> str | None:
     return None if value is None else str(value)
 
 
+def _list(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else []
+
+
 _ULIMIT_L = re.compile(
-    r"(?i)(max locked memory|locked memory|memlock).*?(-l\)?)?\s+(unlimited|\d+)\s*$"
+    r"(?i)(max locked memory|locked memory|memlock).*?(-l\)?)?\s+(unlimited|\d{1,30})\s*$"
 )
-_ULIMIT_S = re.compile(r"(?i)(stack size|stack).*?\s+(unlimited|\d+)\s*$")
+_ULIMIT_S = re.compile(r"(?i)(stack size|stack).*?\s+(unlimited|\d{1,30})\s*$")
 
 
 class Ulimits(Frozen):
     memlock_kb: int | None = None  # -1 = unlimited
     stack_kb: int | None = None
     memlock_line: Line | None = None
+    findings: tuple[Finding, ...] = ()
 
 
 def parse_ulimit(text: str, source: str = "containers/exec-ulimit.txt") -> Ulimits:
@@ -95,13 +101,22 @@ def parse_ulimit(text: str, source: str = "containers/exec-ulimit.txt") -> Ulimi
     for number, raw in enumerate(text.splitlines(), 1):
         m = _ULIMIT_L.search(raw)
         if m and memlock is None:
-            memlock = -1 if m.group(3) == "unlimited" else int(m.group(3))
+            memlock = -1 if m.group(3).lower() == "unlimited" else int(m.group(3))
             memlock_line = Line(source=source, line=number, text=raw.strip())
             continue
         s = _ULIMIT_S.search(raw)
         if s and stack is None:
-            stack = -1 if s.group(2) == "unlimited" else int(s.group(2))
-    return Ulimits(memlock_kb=memlock, stack_kb=stack, memlock_line=memlock_line)
+            stack = -1 if s.group(2).lower() == "unlimited" else int(s.group(2))
+    findings: tuple[Finding, ...] = ()
+    if memlock is None and stack is None and text.strip():
+        findings = (
+            Finding(
+                code="ulimit-unreadable",
+                source=source,
+                message="no locked-memory or stack limit in this output: " + text.strip()[:100],
+            ),
+        )
+    return Ulimits(memlock_kb=memlock, stack_kb=stack, memlock_line=memlock_line, findings=findings)
 
 
 _SIZE = re.compile(r"^(\d+(?:\.\d+)?)([KMGTP]?)(?:i?B)?$", re.I)
@@ -113,7 +128,8 @@ def parse_size(value: str) -> int | None:
     m = _SIZE.match(value.strip())
     if not m:
         return None
-    return int(float(m.group(1)) * _UNITS[m.group(2).upper()])
+    size = float(m.group(1)) * _UNITS[m.group(2).upper()]
+    return int(size) if math.isfinite(size) else None  # 400 digits: not a size
 
 
 class Filesystem(Frozen):

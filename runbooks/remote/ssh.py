@@ -165,6 +165,12 @@ class SshRunner:
                     f"{host.name} ({where}): unknown host key (not in known_hosts). Add it with "
                     f"ssh-keyscan after verifying it, or set accept_unknown_host_key for this host."
                 ) from None
+            if "protocol banner" in text or "No existing session" in text:
+                # paramiko's words for a peer that accepts TCP and never speaks SSH
+                raise HostUnreachable(
+                    f"{host.name} ({where}): no SSH greeting within {timeout:g}s (the port "
+                    "accepts connections but nothing answers: a hung sshd, or not an SSH server)"
+                ) from None
             raise HostUnreachable(f"{host.name} ({where}): SSH error: {text}") from None
         except paramiko.ssh_exception.NoValidConnectionsError as exc:
             reasons = sorted({getattr(e, "strerror", None) or str(e) for e in exc.errors.values()})
