@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import atexit
 import os
 import shutil
 import tempfile
@@ -30,6 +31,7 @@ def _free_port() -> int:
 # calling shell is replaced, so tests never talk to a production server.
 PREFECT_TEST_PORT = _free_port()
 PREFECT_TEST_HOME = Path(tempfile.mkdtemp(prefix="cudamedic-test-prefect-"))
+atexit.register(shutil.rmtree, PREFECT_TEST_HOME, True)  # also when no test used the server
 os.environ.update(
     {
         "PREFECT_API_URL": f"http://127.0.0.1:{PREFECT_TEST_PORT}/api",
