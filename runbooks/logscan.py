@@ -12,6 +12,7 @@ lines cited with their 1-based line numbers.
 from __future__ import annotations
 
 import re
+import threading
 from collections.abc import Callable, Iterable
 from functools import cache
 from importlib import resources
@@ -91,6 +92,7 @@ class _Matcher:
     def __init__(self, sigs: tuple[Signature, ...]) -> None:
         self.sigs = sigs
         self._hs: Any = None
+        self._local = threading.local()
         try:
             import hyperscan
 
@@ -105,13 +107,23 @@ class _Matcher:
         except ImportError:
             self._res = [re.compile(s.pattern.encode(), re.MULTILINE) for s in sigs]
 
+    def _scratch(self) -> Any:
+        """Hyperscan scratch space is per thread: one shared scratch raises ScratchInUseError
+        when two threads scan at once (a sweep checks hosts in parallel)."""
+        import hyperscan
+
+        scratch = getattr(self._local, "scratch", None)
+        if scratch is None:
+            scratch = self._local.scratch = hyperscan.Scratch(self._hs)
+        return scratch
+
     def scan(self, chunk: bytes | memoryview, on_match: Callable[[int, int], None]) -> None:
         if self._hs is not None:
 
             def handler(idx: int, start: int, end: int, flags: int, ctx: object) -> None:
                 on_match(idx, end)
 
-            self._hs.scan(chunk, match_event_handler=handler)
+            self._hs.scan(chunk, match_event_handler=handler, scratch=self._scratch())
             return
         found: list[tuple[int, int]] = []
         for idx, rx in enumerate(self._res):

@@ -339,3 +339,32 @@ def test_old_xid_before_the_workload_started_is_context(tmp_path: Path) -> None:
     d = classify_path(tmp_path)
     assert d.incident == "shm-too-small", d
     assert "gpu-hardware-fault" not in d.secondary and "cuda-illegal-access" not in d.secondary
+
+
+def test_log_scanning_from_many_threads_at_once() -> None:
+    """A sweep scans hosts' logs in parallel threads: the compiled matcher is shared, its
+    scratch space must not be (hyperscan raised ScratchInUseError, seen in a CI sweep)."""
+    import threading
+
+    from runbooks.logscan import scan_text
+
+    line = (
+        "ERROR: Unexpected bus error encountered in worker. This might be caused by insufficient "
+        "shared memory (shm).\n"
+    )
+    text = "step=1 loss=2.0\n" * 20000 + line
+    errors: list[str] = []
+
+    def scan() -> None:
+        try:
+            for _ in range(20):
+                assert scan_text(text, "train.log").hits
+        except Exception as exc:  # collected: an exception in a thread would be lost
+            errors.append(repr(exc))
+
+    threads = [threading.Thread(target=scan) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
