@@ -56,6 +56,27 @@ class BundleMeta(Frozen):
 
 SMALL_FILE_BYTES = 16 * 1024 * 1024  # larger files are streamed, never read whole
 LOG_FILE = "containers/log.log"
+# The bundle layout (shared/spec/evidence-bundle.md): anything else in a bundle directory (a
+# README, a case.yaml with its label, stray files) is not evidence and is never read.
+_TOP_FILES = frozenset(
+    {
+        "bundle.json",
+        "trigger.txt",
+        "nvidia-smi.txt",
+        "nvidia-smi.xml",
+        "dmesg.txt",
+        "docker-info.json",
+        "nccl-tests.txt",
+    }
+)
+
+
+def in_layout(rel: str) -> bool:
+    """Is this bundle-relative path one of the bundle's evidence files?"""
+    parts = PurePosixPath(rel).parts
+    if len(parts) == 1:
+        return rel in _TOP_FILES
+    return len(parts) == 2 and parts[0] in ("commands", "containers")
 
 
 class Bundle(Frozen):
@@ -144,6 +165,15 @@ def _read_dir(root: Path, origin: str) -> Bundle:
             if not file.is_file() or file.is_symlink():
                 continue
             rel = file.relative_to(root).as_posix()
+            if not in_layout(rel):
+                findings.append(
+                    Finding(
+                        code="not-evidence",
+                        source=rel,
+                        message="not a file of the bundle layout; not read",
+                    )
+                )
+                continue
             if file.stat().st_size > SMALL_FILE_BYTES:
                 large[rel] = file
             else:

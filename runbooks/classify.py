@@ -8,97 +8,124 @@ missing or shows errors no rule explains.
 
 from __future__ import annotations
 
-from runbooks.facts import Facts
+import re
+from collections.abc import Iterable
+from pathlib import Path
+
+from runbooks import knowledge
+from runbooks.facts import Facts, origin_of
 from runbooks.fixes import propose_fix
-from runbooks.model import Diagnosis, Line, Match
-from runbooks.rules import rank, run_rules
+from runbooks.logscan import signatures
+from runbooks.model import Diagnosis, Line, Match, SimilarIncident
+from runbooks.rules import DEFAULT_SHM, PRIORITY, STRONG, rank, run_rules
+from runbooks.similar import SimilarIndex, cite, index_for, propose
 from runbooks.taxonomy import Incident
 
-EXPLAIN: dict[str, str] = {
-    "healthy": "No check failed: the GPUs answer and no error signature was found.",
-    "gpu-not-requested": "The container was started without GPU access on a host whose GPUs "
-    "work, so CUDA inside it finds no device.",
-    "container-toolkit-missing": "The host cannot hand GPUs to containers: the NVIDIA "
-    "Container Toolkit is missing, misconfigured or too old.",
-    "invalid-device-ordinal": "The workload asks for a GPU index that is not visible inside "
-    "the container.",
-    "shm-too-small": "/dev/shm is too small for DataLoader workers or NCCL (Docker's default "
-    "is 64 MB), so workers die with a bus error or shared-memory allocation fails.",
-    "memlock-limit": "The locked-memory limit blocks RDMA or pinned memory, so NCCL/IB "
-    "registration fails or falls back to slow paths.",
-    "driver-not-loaded": "The host's NVIDIA kernel driver is not running.",
-    "driver-library-mismatch": "The NVIDIA user-space libraries and the loaded kernel module "
-    "are different versions (driver upgraded without a reboot).",
-    "driver-too-old": "The host driver is older than the CUDA runtime in the image needs.",
-    "arch-unsupported": "The framework build has no kernels for this GPU's compute capability.",
-    "cpu-only-build": "The framework in the image was built without CUDA.",
-    "cuda-oom": "GPU memory ran out.",
-    "host-oom-killed": "The container or a process in it was killed for lack of host RAM.",
-    "cuda-illegal-access": "The application crashed the GPU context (illegal memory access or "
-    "a device-side assert): an application bug.",
-    "gpu-hardware-fault": "A GPU, its memory or its links are failing.",
-    "nccl-timeout": "A collective operation hung until the NCCL watchdog fired.",
-    "nccl-slow-transport": "NCCL runs over a slow path (no P2P/NVLink/IB), far under the "
-    "expected bandwidth.",
-    "nccl-error": "NCCL failed for a reason other than a timeout.",
-    "volume-permission-denied": "The container user cannot write to a mounted path.",
-    "ssh-access-denied": "Logging in to the host or container was refused.",
-    "disk-full": "A filesystem (not /dev/shm) is full.",
-    "unknown": "Evidence was collected but matches no known incident class.",
-}
+THIN_CONFIDENCE = 0.7  # one or two pasted lines say what happened, not why it happened here
+THIN_MAX_LINES = 3
+HEALTHY_ONE, HEALTHY_MANY = 0.7, 0.85  # confidence of `healthy` on one / several kinds of proof
 
 
-def diagnose(facts: Facts, host: str | None = None) -> Diagnosis:
+def explain(incident: str) -> str:
+    return knowledge.class_info(incident).explain
+
+
+def diagnose(
+    facts: Facts,
+    host: str | None = None,
+    *,
+    index: SimilarIndex | None = None,
+    exclude: Iterable[str] = (),
+) -> Diagnosis:
+    """The diagnosis of one incident's facts. `index` (similar known incidents) adds citations
+    and, when no rule fires, a proposal; `exclude` leaves named incidents out of it (a corpus
+    case is not its own neighbour)."""
     matches = sorted(run_rules(facts), key=rank, reverse=True)
     container = next((c.name for c in facts.containers.values() if c.inspect), None) or next(
         iter(facts.containers), None
     )
+    neighbours = index.query(evidence_text(facts), k=3, exclude=exclude) if index else []
+    common = {
+        "host": host,
+        "container": container,
+        "findings": tuple(facts.findings),
+        "similar": cite(neighbours),
+    }
+    thin = is_thin(facts)
     if matches:
         primary = matches[0]
-        secondary = tuple(dict.fromkeys(m.incident for m in matches[1:]))
+        confidence = min(primary.confidence, THIN_CONFIDENCE) if thin else primary.confidence
+        summary = _summary(primary)
+        if thin:
+            summary += " Only pasted text was seen: this is the most likely cause, not a finding."
         return Diagnosis(
             incident=primary.incident,
-            confidence=primary.confidence,
-            summary=_summary(primary),
+            confidence=confidence,
+            summary=summary,
             evidence=primary.evidence,
-            secondary=secondary,
+            secondary=tuple(dict.fromkeys(m.incident for m in matches[1:])),
             fix=propose_fix(primary, facts),
-            host=host,
-            container=container,
-            findings=tuple(facts.findings),
             matches=tuple(matches),
+            basis="thin-evidence" if thin else "evidence",
+            next_checks=knowledge.class_info(primary.incident).next
+            if thin or confidence < STRONG
+            else (),
+            **common,
         )
-    healthy_lines = _health_evidence(facts)
-    if healthy_lines and not facts.exceptions:
-        strong = [ln for ln in healthy_lines if not ln.text.startswith("container log has no")]
+    healthy_lines = health_evidence(facts)
+    if healthy_lines and not facts.exceptions and not error_lines(facts):
+        kinds = {ln.source.rsplit(".", 1)[0] for ln in healthy_lines}
         return Diagnosis(
             incident=Incident.HEALTHY,
-            confidence=0.85 if len(strong) > 1 else 0.7 if strong else 0.5,
-            summary=EXPLAIN["healthy"],
+            confidence=HEALTHY_MANY if len(kinds) > 1 else HEALTHY_ONE,
+            summary=f"{explain(Incident.HEALTHY)} What shows it working: "
+            + "; ".join(ln.text.strip()[:120] for ln in healthy_lines[:2]),
             evidence=tuple(healthy_lines),
-            host=host,
-            container=container,
-            findings=tuple(facts.findings),
+            **common,
         )
-    evidence = tuple(facts.exceptions[-3:])
-    summary = EXPLAIN["unknown"]
+    proposal = propose(neighbours) if facts.text_bytes else None
+    if proposal is not None:
+        incident, confidence = proposal
+        first = neighbours[0][0]
+        return Diagnosis(
+            incident=incident,
+            confidence=confidence,
+            summary=f"No rule matched. The most similar known incidents point to {incident}: "
+            f"{explain(incident)} This is a proposal from similar incidents, not a finding "
+            f"(closest: {first.source}).",
+            evidence=tuple((facts.exceptions or error_lines(facts))[-3:]),
+            basis="similar-incidents",
+            next_checks=knowledge.class_info(incident).next,
+            **common,
+        )
+    evidence = tuple((facts.exceptions or error_lines(facts))[-3:])
+    relevant = bool(evidence) or has_gpu_evidence(facts) or _kernel_gpu_lines(facts)
     if evidence:
-        summary += f" The last error was: {evidence[-1].text}"
+        summary = f"{explain(Incident.UNKNOWN)} The last error was: {evidence[-1].text.strip()}"
     elif facts.ssh_error:
-        summary += f" The host could not be reached: {facts.ssh_error}"
+        summary = f"Nothing could be checked: the host could not be reached: {facts.ssh_error}"
+    elif not facts.text_bytes and not relevant:
+        summary = "Nothing to diagnose: the evidence is empty."
+    elif not relevant:
+        summary = (
+            "Nothing in the evidence says anything about the GPUs or an error: no nvidia-smi, "
+            "kernel log, container or known error message was found."
+        )
+    else:
+        summary = explain(Incident.UNKNOWN)
     return Diagnosis(
         incident=Incident.UNKNOWN,
-        confidence=0.3,
+        confidence=0.3 if relevant else 0.0,
         summary=summary,
         evidence=evidence,
-        host=host,
-        container=container,
-        findings=tuple(facts.findings),
+        basis="evidence" if relevant else "no-evidence",
+        next_checks=knowledge.class_info(Incident.UNKNOWN).next,
+        **common,
     )
 
 
 def _summary(match: Match) -> str:
-    text = EXPLAIN.get(match.incident, match.incident)
+    text = explain(match.incident)
     if match.reason and not match.reason.startswith("matched "):
         text += f" Why: {match.reason}."
     elif match.evidence:
@@ -106,18 +133,72 @@ def _summary(match: Match) -> str:
     return text
 
 
-def _health_evidence(facts: Facts) -> list[Line]:
-    lines: list[Line] = []
-    if facts.smi is not None and facts.smi.status == "ok" and facts.smi.gpus:
-        first = facts.smi.gpus[0].line
-        lines.append(
-            first
-            or Line(
-                source="nvidia-smi.txt",
-                line=0,
-                text=f"{len(facts.smi.gpus)} GPUs, driver {facts.smi.driver_version}",
-            )
+def is_thin(facts: Facts) -> bool:
+    """Only a few pasted lines: no structured evidence (nvidia-smi, kernel log, inspect,
+    probes, nccl-tests) and at most THIN_MAX_LINES lines of text in all."""
+    if has_gpu_evidence(facts) or facts.kernel is not None:
+        return False
+    if any(c.inspect is not None or c.ulimits or c.shm for c in facts.containers.values()):
+        return False
+    lines = sum(s.lines for s in facts.scans)
+    return 0 < lines <= THIN_MAX_LINES
+
+
+def has_gpu_evidence(facts: Facts) -> bool:
+    """Did anything show the state of the GPUs (working or not)?"""
+    return (
+        (facts.smi is not None and facts.smi.status != "empty")
+        or bool(facts.smi_xml and facts.smi_xml.gpus)
+        or facts.nccl is not None
+        or any(
+            c.smi is not None or c.gpu_list is not None or (c.torch and c.torch.present)
+            for c in facts.containers.values()
         )
+    )
+
+
+def error_lines(facts: Facts) -> list[Line]:
+    """Lines that some signature of a cause or symptom matched, even below a rule's bar: an
+    error was seen, so `healthy` would contradict the evidence."""
+    strong = {s.id for s in signatures() if s.role in ("cause", "symptom")}
+    out: list[Line] = []
+    for scan in facts.scans:
+        if origin_of(scan.source) == "probe":
+            continue
+        for sid, h in scan.hits.items():
+            if sid in strong:
+                out.extend(h.lines())
+    return sorted(out, key=lambda ln: (ln.source, ln.line))
+
+
+def _kernel_gpu_lines(facts: Facts) -> bool:
+    return facts.kernel is not None and bool(facts.kernel.xids or facts.kernel.nvrm)
+
+
+def health_evidence(facts: Facts) -> list[Line]:
+    """Positive evidence that the GPUs work: nvidia-smi listing GPUs (host or inside a
+    container), a CUDA probe or environment report saying CUDA is available, an nccl-tests run
+    that reached its bandwidth. The absence of errors alone is not evidence of health."""
+    lines: list[Line] = []
+    tables = [facts.smi, *(c.smi for c in facts.containers.values())]
+    for smi in tables:
+        if smi is not None and smi.status == "ok" and smi.gpus:
+            first = smi.gpus[0].line
+            lines.append(
+                first
+                or Line(
+                    source=smi.source,
+                    line=0,
+                    text=f"{len(smi.gpus)} GPUs, driver {smi.driver_version}",
+                )
+            )
+    for smi in tables:
+        if smi is not None and smi.status == "ok" and not smi.gpus and smi.processes:
+            # A process list alone (the GPU rows cut off): a process is running on the GPU.
+            lines.append(smi.processes[0].line)
+    if not lines and facts.smi_xml is not None and facts.smi_xml.gpus:
+        g = facts.smi_xml.gpus[0]
+        lines.append(Line(source="nvidia-smi.xml", line=0, text=f"{g.product_name} {g.bus_id}"))
     if facts.nccl is not None and facts.nccl.avg_busbw is not None:
         lines.append(
             Line(
@@ -127,68 +208,180 @@ def _health_evidence(facts: Facts) -> list[Line]:
             )
         )
     for c in facts.containers.values():
-        if c.torch is not None and c.torch.is_available and c.torch.line:
-            lines.append(c.torch.line)
-        if c.has_log and not lines:
+        if c.gpu_list:
             lines.append(
                 Line(
-                    source=f"containers/{c.name}.log",
-                    line=0,
-                    text="container log has no error signature",
+                    source=f"containers/{c.name}.exec-nvidia-smi-L.txt", line=1, text=c.gpu_list[0]
                 )
             )
+        if c.torch is not None and c.torch.is_available and c.torch.line:
+            lines.append(c.torch.line)
+        progress = [ln for ln in c.log_tail if _PROGRESS.search(ln.text)]
+        if progress and progress[-1] == c.log_tail[-1]:
+            lines.append(progress[-1])  # the workload's log ends in training/serving progress
+    for report in facts.env_reports:
+        if report.cuda_available:
+            lines.extend(ln for ln in report.lines if "vailable" in ln.text or "True" in ln.text)
     return lines
 
 
-def classify_path(path: object) -> Diagnosis:
-    """Open a bundle (directory, .tar.gz or single log file) and diagnose it."""
-    from pathlib import Path
+# A log line reporting progress: a loss, a step/epoch/iteration counter, a throughput.
+_PROGRESS = re.compile(
+    r"(?i)(['\"]?loss['\"]?\s*[:=]\s*[0-9.]+|\b(epoch|step|iter(ation)?)\b\s*[:=#]?\s*\[?[0-9]+|"
+    r"[0-9.]+\s*(it/s|s/it|samples/s|tokens/s|img/s))"
+)
 
+
+def evidence_text(facts: Facts) -> str:
+    """What similar-incident search matches on: the salient lines plus words for the facts."""
+    return "\n".join([*facts.salient, " ".join(fact_words(facts))])
+
+
+def fact_words(facts: Facts) -> list[str]:
+    """Structured facts as words, so that incidents alike in structure (a 64 MiB /dev/shm, no
+    GPU request, driver not loaded) rank close even when their logs say different things."""
+    words: list[str] = []
+    if facts.smi is not None:
+        words.append(f"factsmi_{facts.smi.status.replace('-', '_')}")
+    for c in facts.containers.values():
+        if c.inspect is not None:
+            words.append("factgpu_access" if c.inspect.has_gpu_access else "factno_gpu_request")
+            if c.inspect.oom_killed:
+                words.append("factoomkilled")
+            if (c.inspect.shm_size or DEFAULT_SHM) <= DEFAULT_SHM and c.inspect.ipc_mode != "host":
+                words.append("factshm_default")
+        memlock = c.ulimits.memlock_kb if c.ulimits is not None else None
+        if memlock is not None and 0 <= memlock <= 65536:
+            words.append("factmemlock_low")
+    if facts.kernel is not None:
+        words.extend(f"factxid_{x.code}" for x in facts.kernel.xids[:20])
+    for report in facts.env_reports:
+        if report.built_without_cuda:
+            words.append("facttorch_cpu")
+        if report.cuda_available is False:
+            words.append("factcuda_unavailable")
+    return words
+
+
+def classify_path(
+    path: object, *, state_dir: Path | None = None, exclude: Iterable[str] = ()
+) -> Diagnosis:
+    """Open a bundle (directory, .tar.gz or single log file) and diagnose it, citing similar
+    known incidents (the packaged corpus, plus the team's confirmed history in `state_dir`)."""
     from runbooks.bundle import open_bundle
     from runbooks.facts import gather
 
     with open_bundle(Path(str(path))) as bundle:
         facts = gather(bundle)
         host = bundle.meta.host if bundle.meta else None
-    return diagnose(facts, host=host)
+    return diagnose(facts, host=host, index=index_for(state_dir), exclude=exclude)
 
 
 def render_text(d: Diagnosis) -> str:
-    """The diagnosis as a person reads it in a terminal."""
-    out = [f"incident:   {d.incident}  (confidence {d.confidence:.2f})"]
+    """The diagnosis as a person reads it in a terminal (evidence text shown escaped)."""
+    label = {
+        "thin-evidence": "  - a guess from pasted text",
+        "similar-incidents": "  - a proposal from similar incidents",
+        "no-evidence": "  - nothing relevant seen",
+    }
+    out = [f"incident:   {d.incident}  (confidence {d.confidence:.2f}){label.get(d.basis, '')}"]
     if d.host or d.container:
         out.append(
-            f"where:      host {d.host or '?'}"
-            + (f", container {d.container}" if d.container else "")
+            f"where:      host {safe(d.host or '?')}"
+            + (f", container {safe(d.container)}" if d.container else "")
         )
-    out.append(f"summary:    {d.summary}")
+    out.append(f"summary:    {safe(d.summary)}")
     if d.evidence:
         out.append("evidence:")
         for ln in d.evidence:
             where = f"{ln.source}:{ln.line}" if ln.line else ln.source
-            out.append(f"  {where}: {ln.text.strip()[:300]}")
+            out.append(f"  {safe(where)}: {safe(ln.text.strip()[:300])}")
     if d.secondary:
         out.append(f"secondary:  {', '.join(d.secondary)}")
     warnings = [f for f in d.findings if f.severity != "info"]
     if warnings:
         out.append("findings:")
-        out.extend(f"  [{f.severity}] {f.code}: {f.message}" for f in warnings[:10])
+        out.extend(f"  [{f.severity}] {f.code}: {safe(f.message)}" for f in warnings[:10])
     if d.fix is not None:
         if d.fix.safe:
-            out.append(f"fix (safe, automatic): recreate {d.fix.container} with")
+            out.append(f"fix (safe, automatic): recreate {safe(d.fix.container or '')} with")
             out.extend(f"  {delta}" for delta in d.fix.docker_run)
         else:
             out.append("fix (manual):")
-        out.extend(f"  - {step}" for step in d.fix.steps)
+        out.extend(f"  - {safe(step)}" for step in d.fix.steps)
         if d.fix.note:
-            out.append(f"  note: {d.fix.note}")
+            out.append(f"  note: {safe(d.fix.note)}")
+    if d.next_checks:
+        out.append("check next:")
+        out.extend(f"  - {c}" for c in d.next_checks)
+    if d.similar:
+        out.append("similar known incidents:")
+        out.extend(f"  - {similar_line(s)}" for s in d.similar)
     return "\n".join(out)
+
+
+def similar_line(s: SimilarIncident) -> str:
+    """One cited incident: "[shm-too-small] thread URL — what it concluded"."""
+    if s.kind == "team":
+        where = f"on {s.host or '?'} on {s.when or '?'}"
+        fixed = f", fixed by `{s.fix}`" if s.fix else ""
+        return safe(f"[{s.incident}] this happened {where}{fixed} (report {s.source})")
+    return safe(f"[{s.incident}] {s.source} - {s.conclusion[:220]}")
+
+
+def render_explain(d: Diagnosis) -> str:
+    """Every class that matched, its evidence, and why the winner won (`classify --explain`)."""
+    out = ["matched classes (strongest root cause first):"]
+    if not d.matches:
+        out.append("  none: no rule matched.")
+    for n, m in enumerate(d.matches, 1):
+        strong = "strong" if m.confidence >= STRONG else "weak"
+        priority = PRIORITY.get(Incident(m.incident), 0)
+        out.append(
+            f"  {n}. {m.incident}  confidence {m.confidence:.2f} ({strong}), "
+            f"root-cause priority {priority}, rule {m.rule}"
+        )
+        if m.reason:
+            out.append(f"     why: {safe(m.reason)}")
+        out.extend(
+            f"     {safe(ln.source)}:{ln.line}: {safe(ln.text.strip()[:200])}"
+            for ln in m.evidence[:4]
+        )
+    if len(d.matches) > 1:
+        win, runner = d.matches[0], d.matches[1]
+        if (win.confidence >= STRONG) != (runner.confidence >= STRONG):
+            why = f"it is a strong match (>= {STRONG}) and {runner.incident} is not"
+        elif PRIORITY.get(Incident(win.incident), 0) != PRIORITY.get(Incident(runner.incident), 0):
+            why = (
+                f"both are {'strong' if win.confidence >= STRONG else 'weak'} matches and "
+                f"{win.incident} is the deeper cause (a root cause outranks its symptoms: "
+                f"priority {PRIORITY.get(Incident(win.incident), 0)} over "
+                f"{PRIORITY.get(Incident(runner.incident), 0)})"
+            )
+        else:
+            why = "equal priority: the higher confidence wins"
+        out.append(f"winner: {win.incident}, because {why}.")
+    elif d.matches:
+        out.append(f"winner: {d.matches[0].incident}, the only class that matched.")
+    else:
+        out.append(f"verdict: {d.incident} ({d.basis}).")
+    return "\n".join(out)
+
+
+_CONTROL = {c: f"\\x{c:02x}" for c in (*range(0, 9), *range(11, 32), 127)}
+
+
+def safe(text: str) -> str:
+    """Control characters (ESC, CR, ...) shown escaped, never sent to the terminal raw."""
+    return text.translate(_CONTROL)
 
 
 def to_json(d: Diagnosis) -> dict[str, object]:
     return {
         "incident": d.incident,
         "confidence": d.confidence,
+        "basis": d.basis,
+        "guess": d.guess,
         "summary": d.summary,
         "evidence": [ln.model_dump() for ln in d.evidence],
         "secondary": list(d.secondary),
@@ -196,4 +389,10 @@ def to_json(d: Diagnosis) -> dict[str, object]:
         "host": d.host,
         "container": d.container,
         "findings": [f.model_dump() for f in d.findings],
+        "next_checks": list(d.next_checks),
+        "similar": [s.model_dump() for s in d.similar],
+        "matches": [
+            {"incident": m.incident, "confidence": m.confidence, "reason": m.reason, "rule": m.rule}
+            for m in d.matches
+        ],
     }

@@ -25,19 +25,27 @@ from runbooks.evidence.nvidia_smi import (
 )
 from runbooks.evidence.probes import (
     DockerInfo,
+    EnvReport,
     Filesystem,
     TorchProbe,
     Ulimits,
     parse_df,
     parse_docker_info,
+    parse_env_report,
     parse_torch_probe,
     parse_ulimit,
     python_exceptions,
 )
+from runbooks.evidence.topology import Topology, is_topology, parse_topology
 from runbooks.logscan import ScanResult, Where, scan_stream
 from runbooks.model import Finding, Line
+from runbooks.similar import MAX_SALIENT_LINES, salient_lines
 
-Origin = Literal["host", "kernel", "container", "trigger"]
+# Where a line came from: the host's commands, its kernel log, the workload's own log, the text a
+# person pasted, or a probe cudamedic itself ran inside a container (our probe failing is not a
+# symptom of the workload: `nvidia-smi: not found` from our probe says nothing about a container
+# that never wanted GPUs).
+Origin = Literal["host", "kernel", "container", "trigger", "probe"]
 
 
 class ContainerFacts(BaseModel):
@@ -49,8 +57,10 @@ class ContainerFacts(BaseModel):
     ulimits: Ulimits | None = None
     shm: Filesystem | None = None
     gpu_list: tuple[str, ...] | None = None  # `nvidia-smi -L` lines inside the container
+    smi: SmiFacts | None = None  # plain `nvidia-smi` run inside the container
     env_probe: dict[str, str] = {}
     has_log: bool = False
+    log_tail: tuple[Line, ...] = ()  # the last lines of the container log
     inspect_lines: dict[str, Line] = {}  # "ShmSize" -> the inspect JSON line that holds it
 
 
@@ -67,10 +77,14 @@ class Facts(BaseModel):
     toolkit: str | None = None  # commands/container-toolkit.txt, as written
     toolkit_missing: bool = False
     lsmod: str | None = None
-    host_ulimits: Ulimits | None = None  # commands/ulimit*.txt (a person's `ulimit -a`)
+    host_ulimits: Ulimits | None = None  # commands/*.txt holding `ulimit -a` or /proc/PID/limits
+    topology: Topology | None = None  # commands/*.txt holding `nvidia-smi topo -m`
     containers: dict[str, ContainerFacts] = {}
     scans: list[ScanResult] = []
     exceptions: list[Line] = []
+    env_reports: list[EnvReport] = []  # collect_env / version printouts in any text
+    salient: list[str] = []  # the lines that carry meaning, for similar-incident search
+    text_bytes: int = 0  # how much text the bundle held (0: nothing to read at all)
     ssh_error: str | None = None
     findings: list[Finding] = []
 
@@ -121,6 +135,8 @@ def _parse_time(value: str) -> datetime | None:
 
 
 def origin_of(source: str) -> Origin:
+    if source.startswith("containers/") and ".exec-" in source:
+        return "probe"
     if source.startswith("containers/"):
         return "container"
     if source == "dmesg.txt":
@@ -129,6 +145,8 @@ def origin_of(source: str) -> Origin:
         return "trigger"
     return "host"
 
+
+SALIENT_TAIL_BYTES = 1 << 20  # similar-incident search reads at most the newest 1 MiB of a log
 
 # Probe outputs that list settings (limits, env, sizes) are facts, not logs: never scanned.
 _NOT_LOGS = (".exec-ulimit.txt", ".exec-env.txt", ".exec-shm.txt", "ulimit-a.txt", "ulimit.txt")
@@ -189,9 +207,14 @@ def gather(bundle: Bundle) -> Facts:
                 "host: containers cannot be given GPUs",
             )
         )
-    for rel in ("commands/ulimit-a.txt", "commands/ulimit.txt"):
-        if (text := files.get(rel)) is not None:
-            facts.host_ulimits = parse_ulimit(text, rel)
+    for rel, text in sorted(files.items()):
+        # A person's `ulimit -a`, or a daemon's /proc/PID/limits, under any command name.
+        if rel.startswith("commands/") and "locked memory" in text.lower():
+            limits = parse_ulimit(text, rel)
+            if limits.memlock_kb is not None:
+                facts.host_ulimits = limits
+        if rel.startswith("commands/") and is_topology(text):
+            facts.topology = parse_topology(text, rel)
     for name in bundle.container_names():
         facts.containers[name] = _container(bundle, name)
     for rel in bundle.names():
@@ -199,14 +222,39 @@ def gather(bundle: Bundle) -> Facts:
         if kind is None:
             continue
         with bundle.open(rel) as stream:
-            facts.scans.append(scan_stream(stream, rel, kind))
-        if kind == "log":
+            scan = scan_stream(stream, rel, kind)
+        facts.scans.append(scan)
+        facts.text_bytes += scan.bytes
+        if kind in ("log", "kernel") or ".exec-" in rel:
+            text = bundle.text(rel, limit=SALIENT_TAIL_BYTES)
+            if text and len(facts.salient) < 4 * MAX_SALIENT_LINES:
+                facts.salient.extend(salient_lines(text))
+            if text and rel.endswith(".log") and rel.startswith("containers/"):
+                name = rel.removeprefix("containers/").removesuffix(".log")
+                if name in facts.containers:
+                    facts.containers[name].log_tail = _tail_lines(text, rel, scan.lines)
+        if kind == "log" or rel.endswith(".exec-torch.txt"):
             text = bundle.text(rel)
             if text:
-                facts.exceptions.extend(python_exceptions(text, rel))
+                if kind == "log":
+                    facts.exceptions.extend(python_exceptions(text, rel))
+                report = parse_env_report(text, rel)
+                if report.said_anything:
+                    facts.env_reports.append(report)
     if LOG_FILE in bundle.names() and "log" not in facts.containers:
         facts.containers["log"] = ContainerFacts(name="log", has_log=True)
     return facts
+
+
+def _tail_lines(text: str, source: str, total: int, keep: int = 5) -> tuple[Line, ...]:
+    lines = text.splitlines()
+    first = max(total, len(lines)) - len(lines) + 1  # a large log's text is only its tail
+    out = [
+        Line(source=source, line=first + i, text=ln.strip()[:300])
+        for i, ln in enumerate(lines)
+        if ln.strip()
+    ]
+    return tuple(out[-keep:])
 
 
 _INSPECT_KEYS = (
@@ -244,6 +292,8 @@ def _container(bundle: Bundle, name: str) -> ContainerFacts:
     if (text := bundle.files.get(f"{base}.exec-shm.txt")) is not None:
         shm = [fs for fs in parse_df(text, f"{base}.exec-shm.txt") if fs.mount == "/dev/shm"]
         facts.shm = shm[0] if shm else None
+    if (text := bundle.files.get(f"{base}.exec-nvidia-smi.txt")) is not None:
+        facts.smi = parse_nvidia_smi(text, f"{base}.exec-nvidia-smi.txt")
     if (text := bundle.files.get(f"{base}.exec-nvidia-smi-L.txt")) is not None:
         facts.gpu_list = tuple(ln for ln in text.splitlines() if ln.startswith("GPU "))
     if (text := bundle.files.get(f"{base}.exec-env.txt")) is not None:

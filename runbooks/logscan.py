@@ -38,6 +38,10 @@ class Signature(Frozen):
     role: Role
     weight: float = Field(ge=0, le=1)
     where: Where = "log"
+    # Messages are matched regardless of case (frameworks and versions spell them differently:
+    # "Create cuBLAS handle failed", "create cublas handle failed"); `exact` for the few whose
+    # capitals carry the meaning (a shell's "Killed" line).
+    exact: bool = False
     example: str
 
 
@@ -101,11 +105,17 @@ class _Matcher:
                 expressions=[s.pattern.encode() for s in sigs],
                 ids=list(range(len(sigs))),
                 elements=len(sigs),
-                flags=[hyperscan.HS_FLAG_MULTILINE] * len(sigs),
+                flags=[
+                    hyperscan.HS_FLAG_MULTILINE | (0 if s.exact else hyperscan.HS_FLAG_CASELESS)
+                    for s in sigs
+                ],
             )
             self._hs = db
         except ImportError:
-            self._res = [re.compile(s.pattern.encode(), re.MULTILINE) for s in sigs]
+            self._res = [
+                re.compile(s.pattern.encode(), re.MULTILINE | (0 if s.exact else re.IGNORECASE))
+                for s in sigs
+            ]
 
     def _scratch(self) -> Any:
         """Hyperscan scratch space is per thread: one shared scratch raises ScratchInUseError
@@ -156,6 +166,7 @@ def scan_stream(
                 _scan_piece(matcher, carry, 0, len(carry), line, result)
                 line += 1
             break
+        result.bytes += len(data)
         first = data.find(b"\n")
         if first < 0:
             carry += data
@@ -171,7 +182,6 @@ def scan_stream(
             _scan_piece(matcher, data, first + 1, last + 1, line, result)
             line += data.count(b"\n", first + 1, last + 1)
         carry = data[last + 1 :]
-        result.bytes += len(data)
     result.lines = line
     return result
 

@@ -86,6 +86,25 @@ class Fix(Frozen):
     note: str = ""
 
 
+class SimilarIncident(Frozen):
+    """A known incident that resembles this one: a public thread or one of the team's reports."""
+
+    id: str
+    incident: str
+    kind: Literal["public", "team"] = "public"
+    source: str  # thread URL, or the team report's path
+    conclusion: str
+    score: float  # BM25 score: higher is closer; comparable within one query only
+    when: str | None = None
+    host: str | None = None
+    fix: str | None = None
+
+
+# How the diagnosis was reached: rules over the evidence, a guess from thin evidence (a pasted
+# line), the similar incidents alone (no rule fired), or nothing relevant was seen at all.
+Basis = Literal["evidence", "thin-evidence", "similar-incidents", "no-evidence"]
+
+
 class Diagnosis(Frozen):
     incident: str
     confidence: float
@@ -97,6 +116,14 @@ class Diagnosis(Frozen):
     container: str | None = None
     findings: tuple[Finding, ...] = ()
     matches: tuple[Match, ...] = ()
+    basis: Basis = "evidence"
+    next_checks: tuple[str, ...] = ()
+    similar: tuple[SimilarIncident, ...] = ()
+
+    @property
+    def guess(self) -> bool:
+        """True when the class is a likely guess rather than a finding."""
+        return self.basis in ("thin-evidence", "similar-incidents")
 
 
 class CreateSpec(Frozen):

@@ -196,15 +196,29 @@ def gpu_hardware_fault(facts: Facts) -> Match | None:
     reasons = []
     if facts.kernel is not None:
         for xid in facts.kernel.xids:
-            info = knowledge.xid_info(xid.code)
-            if info is None or not info.fault:
-                continue
             if not recent(facts, xid.timestamp, xid.uptime_s):
                 continue
-            lines.append(xid.line)
-            best = max(best, 0.95 if info.severity == "critical" else 0.8)
+            # "Xid 45 ... caused by previous Xid 149": judge every code the line names.
+            codes = dict.fromkeys([xid.code, *map(int, _PREVIOUS_XID.findall(xid.message))])
+            for code in codes:
+                info = knowledge.xid_info(code)
+                if info is None or not info.fault:
+                    continue
+                lines.append(xid.line)
+                best = max(best, 0.95 if info.severity == "critical" else 0.8)
+                reasons.append(
+                    f"Xid {code} ({info.mnemonic}): NVIDIA action {info.immediate_action}"
+                )
+                break
+        pinned = _app_faults_pinned_to_one_gpu(facts)
+        if pinned is not None:
+            pci, pinned_lines = pinned
+            lines.extend(pinned_lines)
+            best = max(best, 0.8)
             reasons.append(
-                f"Xid {xid.code} ({info.mnemonic}): NVIDIA action {info.immediate_action}"
+                f"application-type Xids recur on GPU {pci} only, across "
+                f"{len({x.pid for x in facts.kernel.xids if x.pci == pci})} different "
+                "processes: the GPU, not the application, is the common factor"
             )
     for ln in hits(facts, ["xid-mention"], origins=("container", "trigger", "host")):
         for code in _XID_CODE.findall(ln.text):
@@ -236,6 +250,23 @@ def gpu_hardware_fault(facts: Facts) -> Match | None:
                     )
                 )
                 reasons.append(f"GPU {xgpu.bus_id}: {', '.join(tripped)}")
+    if match is not None and set(match.reason.removeprefix("matched ").split(", ")) == {
+        "devices-busy-unavailable"
+    }:
+        exclusive = [
+            g.line
+            for g in (facts.smi.gpus if facts.smi else ())
+            if g.line is not None and (g.compute_mode or "").startswith(("E.", "Prohibited"))
+        ]
+        if exclusive and not lines:
+            # Another process holds an exclusive-mode GPU: a setting, not a failing device.
+            return match.model_copy(
+                update={
+                    "confidence": 0.4,
+                    "reason": "'busy or unavailable' on a GPU in exclusive/prohibited compute "
+                    "mode: another process holds it (nvidia-smi -c 0 resets the mode)",
+                }
+            )
     if not lines:
         if match is None or facts.kernel is None:
             return match
@@ -249,6 +280,30 @@ def gpu_hardware_fault(facts: Facts) -> Match | None:
 
 
 _XID_CODE = re.compile(r"Xid\s*(?:\(PCI:[^)]*\))?[\s:,]*(\d{1,3})\b")
+_PREVIOUS_XID = re.compile(r"\bXid\s*(\d{1,3})\b")
+PINNED_MIN_PROCESSES = 2  # app-type Xids from this many different processes on one GPU...
+
+
+def _app_faults_pinned_to_one_gpu(facts: Facts) -> tuple[str, list[Line]] | None:
+    """Xid 13/31/43-type faults (normally the application's) that keep hitting one physical
+    GPU from different processes while the node's other GPUs stay clean: NVIDIA's Xid 13/31
+    workflows say to suspect the GPU when the error follows the device, not the program."""
+    if facts.kernel is None:
+        return None
+    by_gpu: dict[str, list[tuple[int | None, Line]]] = {}
+    for xid in facts.kernel.xids:
+        info = knowledge.xid_info(xid.code)
+        if info is not None and info.app_error and xid.pci:
+            by_gpu.setdefault(xid.pci, []).append((xid.pid, xid.line))
+    if len(by_gpu) != 1:
+        return None  # none, or on several GPUs (then the application is the likelier cause)
+    pci, events = next(iter(by_gpu.items()))
+    pids = {pid for pid, _ in events if pid is not None}
+    # The node must have other GPUs that stayed clean, or it proves nothing about the device.
+    others = facts.host_gpu_count > 1 or len({x.pci for x in facts.kernel.xids if x.pci}) > 1
+    if len(pids) < PINNED_MIN_PROCESSES or not others:
+        return None
+    return pci, [ln for _, ln in events][:4]
 
 
 def ecc_counters(gpu: XmlGpu) -> dict[str, int]:
@@ -350,6 +405,21 @@ def driver_too_old(facts: Facts) -> Match | None:
     driver = (facts.smi.driver_version if facts.smi else None) or (
         facts.smi_xml.driver_version if facts.smi_xml else None
     )
+    for report in facts.env_reports:
+        have = report.driver or driver
+        if (
+            have
+            and report.built_cuda
+            and knowledge.driver_satisfies(have, report.built_cuda) is False
+        ):
+            return _boost(
+                match,
+                Incident.DRIVER_TOO_OLD,
+                0.85,
+                list(report.lines),
+                f"torch is built for CUDA {report.built_cuda}; driver {have} supports at most "
+                f"CUDA {knowledge.max_cuda_for_driver(have) or '?'}",
+            )
     if driver is None:
         return match
     for c in facts.containers.values():
@@ -433,6 +503,16 @@ def host_oom_killed(facts: Facts) -> Match | None:
 @rule(Incident.CPU_ONLY_BUILD)
 def cpu_only_build(facts: Facts) -> Match | None:
     match = sig_match(facts, Incident.CPU_ONLY_BUILD)
+    for report in facts.env_reports:
+        if report.built_without_cuda:
+            return _boost(
+                match,
+                Incident.CPU_ONLY_BUILD,
+                0.9,
+                list(report.lines),
+                f"the environment report shows a PyTorch build without CUDA "
+                f"({report.torch or 'CUDA used to build PyTorch: None'})",
+            )
     for c in facts.containers.values():
         if c.torch is not None and c.torch.present and c.torch.cpu_only and c.torch.line:
             return _boost(
@@ -448,12 +528,20 @@ def cpu_only_build(facts: Facts) -> Match | None:
 
 @rule(Incident.GPU_NOT_REQUESTED)
 def gpu_not_requested(facts: Facts) -> Match | None:
-    symptoms = sig_match(facts, Incident.GPU_NOT_REQUESTED)
-    inside_driver = hits(facts, class_sigs(Incident.DRIVER_NOT_LOADED), origins=("container",))
+    # What the workload itself said (its log, the pasted text) is a symptom; what cudamedic's
+    # own probes printed inside the container (`nvidia-smi: not found`) only counts for a
+    # container that wants GPUs: a busybox that never asked for one has no nvidia-smi either.
+    symptoms = sig_match(facts, Incident.GPU_NOT_REQUESTED, origins=WORKLOAD)
+    probed = sig_match(facts, Incident.GPU_NOT_REQUESTED, origins=("probe",))
+    driver_sigs = class_sigs(Incident.DRIVER_NOT_LOADED)
+    inside_driver = hits(facts, driver_sigs, origins=("container",))
+    unavailable = _cuda_unavailable_lines(facts)
     for c in facts.containers.values():
         if c.inspect is None or c.inspect.has_gpu_access:
             continue
-        if not (c.inspect.wants_gpu or symptoms is not None or inside_driver):
+        wants = c.inspect.wants_gpu
+        own = _own(symptoms, c) or _own_lines(inside_driver, c) or _own_lines(unavailable, c)
+        if not (wants or own):
             continue
         lines = [
             _inspect_line(
@@ -469,18 +557,68 @@ def gpu_not_requested(facts: Facts) -> Match | None:
         if inside_driver:
             lines.extend(inside_driver)
             confidence = 0.92
+        if wants and probed is not None:
+            lines.extend(probed.evidence)
+            confidence = max(confidence, 0.85)
         if host_has_gpus(facts):
             confidence += 0.03
-        reason = (
-            f"container {c.name} wants GPUs (image {c.inspect.image}) but was started "
-            "without --gpus or the nvidia runtime"
-        )
+        if wants:
+            why = f"container {c.name} wants GPUs ({_why_wants(c)})"
+        else:
+            why = f"the log of {c.name} shows CUDA finding no GPU"
+        reason = f"{why} but was started without --gpus or the nvidia runtime"
+        if host_has_gpus(facts):
+            reason += f"; the host's nvidia-smi lists {facts.host_gpu_count} working GPU(s)"
         return _boost(symptoms, Incident.GPU_NOT_REQUESTED, confidence, lines, reason)
+    if symptoms is None and unavailable:
+        # Only `torch.cuda.is_available()` -> False: the commonest cause, but a guess.
+        return Match(
+            incident=Incident.GPU_NOT_REQUESTED,
+            confidence=0.55,
+            evidence=tuple(unavailable[:4]),
+            reason="CUDA reports no usable GPU (torch.cuda.is_available() is False); the "
+            "usual cause is a container started without GPUs",
+            rule="facts",
+        )
     if symptoms is None:
         return None
     if any(c.inspect is not None and c.inspect.has_gpu_access for c in facts.containers.values()):
         return symptoms.model_copy(update={"confidence": min(symptoms.confidence, 0.5)})
     return symptoms
+
+
+WORKLOAD: tuple[Origin, ...] = ("container", "trigger", "host", "kernel")
+
+
+def _own(match: Match | None, c: ContainerFacts) -> bool:
+    return match is not None and _own_lines(list(match.evidence), c)
+
+
+def _own_lines(lines: list[Line], c: ContainerFacts) -> bool:
+    """Do any of these lines come from this container's own log (or the pasted trigger)?"""
+    return any(ln.source in (f"containers/{c.name}.log", "trigger.txt") for ln in lines)
+
+
+def _why_wants(c: ContainerFacts) -> str:
+    assert c.inspect is not None
+    env = sorted(k for k in c.inspect.env if k.startswith(("NVIDIA_", "CUDA_")))
+    if env:
+        return f"its environment sets {env[0]}"
+    if any("nvidia" in b.lower() for b in c.inspect.binds):
+        return "NVIDIA files are bind-mounted into it"
+    return f"image {c.inspect.image}"
+
+
+def _cuda_unavailable_lines(facts: Facts) -> list[Line]:
+    """Environment reports (collect_env, an interactive `is_available()`) saying CUDA is not
+    available, from a torch build that has CUDA (a +cpu build is cpu-only-build's)."""
+    return [
+        ln
+        for r in facts.env_reports
+        if r.cuda_available is False and not r.built_without_cuda
+        for ln in r.lines
+        if "vailable" in ln.text or ln.text.strip() in ("False", ">>> False")
+    ]
 
 
 @rule(Incident.ARCH_UNSUPPORTED)
@@ -491,21 +629,45 @@ def arch_unsupported(facts: Facts) -> Match | None:
         if t is None or not t.present or not t.arch_list or not t.devices:
             continue
         for dev in t.devices:
-            cap = dev.get("capability", "").replace(".", "")
-            if (
-                cap
-                and f"sm_{cap}" not in t.arch_list
-                and not any(a.startswith("compute_") and a[8:] <= cap for a in t.arch_list)
-            ):
-                return _boost(
-                    match,
-                    Incident.ARCH_UNSUPPORTED,
-                    0.85,
-                    [t.line] if t.line else [],
-                    f"{dev.get('name')} is sm_{cap}; torch {t.torch} has kernels for "
-                    f"{' '.join(t.arch_list)}",
-                )
+            cap = compute_capability(dev.get("capability", ""))
+            if cap is None or build_runs_on(t.arch_list, cap):
+                continue
+            return _boost(
+                match,
+                Incident.ARCH_UNSUPPORTED,
+                0.85,
+                [t.line] if t.line else [],
+                f"{dev.get('name')} is sm_{cap[0]}{cap[1]}; torch {t.torch} has kernels for "
+                f"{' '.join(t.arch_list)}",
+            )
     return match
+
+
+def compute_capability(text: str) -> tuple[int, int] | None:
+    """'9.0' / '12.0' / '90' / '120' / 'sm_86' -> (major, minor), compared as numbers."""
+    digits = text.strip().lower().removeprefix("sm_").removeprefix("compute_").rstrip("a")
+    if "." in digits:
+        major, _, minor = digits.partition(".")
+    else:
+        major, minor = digits[:-1], digits[-1:]
+    if not (major.isdigit() and minor.isdigit()):
+        return None
+    return int(major), int(minor)
+
+
+def build_runs_on(arch_list: tuple[str, ...], cap: tuple[int, int]) -> bool:
+    """Does a build with these targets run on a GPU of this compute capability? Exact SASS
+    (`sm_XY`) runs, and so does SASS of an earlier minor of the same major (binary compatible
+    within a major); PTX (`compute_XY`) of the same or an older architecture is JIT-compiled."""
+    for arch in arch_list:
+        got = compute_capability(arch)
+        if got is None:
+            continue
+        if arch.startswith("sm_") and got[0] == cap[0] and got[1] <= cap[1]:
+            return True
+        if arch.startswith("compute_") and got <= cap:
+            return True
+    return False
 
 
 @rule(Incident.INVALID_DEVICE_ORDINAL)
@@ -654,7 +816,40 @@ def cuda_illegal_access(facts: Facts) -> Match | None:
 
 @rule(Incident.CUDA_OOM)
 def cuda_oom(facts: Facts) -> Match | None:
-    return sig_match(facts, Incident.CUDA_OOM)
+    match = sig_match(facts, Incident.CUDA_OOM)
+    held = _memory_held_without_process(facts)
+    if held:
+        strong = match is not None and match.confidence >= STRONG
+        return _boost(
+            match,
+            Incident.CUDA_OOM,
+            0.9 if strong else 0.75 if match is not None else 0.6,
+            held,
+            "GPU memory is in use on the host while nvidia-smi lists no process: a leftover "
+            "(zombie or orphaned) allocation holds it",
+        )
+    return match
+
+
+FULL_MEMORY = 0.9  # a GPU this full has no room for a new context
+
+
+def _memory_held_without_process(facts: Facts) -> list[Line]:
+    """The host's nvidia-smi says "No running processes found" while a GPU's memory is full.
+    (Inside a container an empty process list is normal PID-namespace behaviour: only the
+    host's table counts.)"""
+    smi = facts.smi
+    if smi is None or smi.status != "ok" or smi.no_processes_line is None:
+        return []
+    full = [
+        g.line
+        for g in smi.gpus
+        if g.line is not None
+        and g.memory_used_mib is not None
+        and g.memory_total_mib
+        and g.memory_used_mib >= FULL_MEMORY * g.memory_total_mib
+    ]
+    return [*full, smi.no_processes_line] if full else []
 
 
 class NcclShortfall(Frozen):
@@ -701,6 +896,23 @@ def nccl_slow_transport(facts: Facts) -> Match | None:
     short = nccl_below_floor(facts)
     if short is not None:
         return _boost(match, Incident.NCCL_SLOW_TRANSPORT, 0.9, [short.line], short.reason)
+    topo = facts.topology
+    if topo is not None and not topo.nvlink and topo.through_host:
+        # A collective that hangs between GPUs whose peer traffic crosses a host bridge: ACS or
+        # the IOMMU blocks PCIe peer-to-peer (NCCL's troubleshooting guide; NCCL_P2P_DISABLE=1
+        # makes it work, slowly).
+        hang = hits(facts, ["collective-stall", *class_sigs(Incident.NCCL_TIMEOUT)], WORKLOAD)
+        if hang:
+            kinds = sorted(set(topo.links.values()))
+            lines = [topo.line] if topo.line else []
+            return _boost(
+                match,
+                Incident.NCCL_SLOW_TRANSPORT,
+                0.8,
+                [*lines, *hang[:3]],
+                f"the collective hangs between GPUs linked over PCIe through the host "
+                f"({'/'.join(kinds)}, no NVLink): peer-to-peer blocked by ACS/IOMMU",
+            )
     for c in facts.containers.values():
         env = {**(c.inspect.env if c.inspect else {}), **c.env_probe}
         if env.get("NCCL_P2P_DISABLE") == "1" and match is not None:

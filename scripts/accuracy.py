@@ -16,14 +16,16 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import sys
+import tempfile
 from collections import Counter
 from pathlib import Path
 
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from baseline import baseline, case_text  # noqa: E402
+from baseline import baseline, case_text
 
 
 def find_cases(roots: list[Path]) -> list[Path]:
@@ -36,14 +38,36 @@ def find_cases(roots: list[Path]) -> list[Path]:
     return cases
 
 
-def score(cases: list[Path]) -> dict[str, object]:
+def evidence_only(case: Path, dest: Path) -> Path:
+    """A copy of the case without its case.yaml: the classifier must see the evidence only
+    (the case's label and conclusion would give the answer away)."""
+    target = dest / case.name
+    shutil.copytree(case, target, ignore=shutil.ignore_patterns("case.yaml"))
+    return target
+
+
+def classify_case(case: Path, tmp: Path) -> str:
+    import inspect
+
     from runbooks.classify import classify_path
 
+    bundle = evidence_only(case, tmp)
+    if "exclude" in inspect.signature(classify_path).parameters:
+        # A corpus case is not its own similar incident (leave-one-out).
+        return classify_path(bundle, exclude={case.name}).incident
+    return classify_path(bundle).incident
+
+
+def score(cases: list[Path]) -> dict[str, object]:
     rows = []
-    for case in cases:
+    tmp = Path(tempfile.mkdtemp(prefix="cudamedic-accuracy-"))
+    try:
+        results = [classify_case(case, tmp) for case in cases]
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    for case, got in zip(cases, results, strict=True):
         meta = yaml.safe_load((case / "case.yaml").read_text()) or {}
         want = str(meta.get("incident"))
-        got = classify_path(case).incident
         base = baseline(case_text(case))
         rows.append(
             {
@@ -123,4 +147,7 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    try:
+        sys.exit(main(sys.argv[1:]))
+    except BrokenPipeError:  # `| head`
+        sys.exit(0)

@@ -17,13 +17,17 @@ import sys
 from pathlib import Path
 
 PATTERNS: tuple[tuple[str, str], ...] = (
-    ("gpu-hardware-fault", r"fallen off the bus|Xid.{0,40}\b(48|79|94|95|119|120)\b|uncorrectable ECC"),
+    (
+        "gpu-hardware-fault",
+        r"fallen off the bus|Xid.{0,40}\b(48|79|94|95|119|120)\b|uncorrectable ECC",
+    ),
     ("driver-not-loaded", r"couldn't communicate with the NVIDIA driver"),
     ("driver-library-mismatch", r"Driver/library version mismatch"),
     ("driver-too-old", r"driver version is insufficient|NVIDIA driver on your system is too old"),
     (
         "container-toolkit-missing",
-        r"could not select device driver|unknown or invalid runtime name: nvidia|nvidia-container-cli",
+        r"could not select device driver|unknown or invalid runtime name: nvidia"
+        r"|nvidia-container-cli",
     ),
     ("cpu-only-build", r"Torch not compiled with CUDA"),
     ("arch-unsupported", r"no kernel image is available"),

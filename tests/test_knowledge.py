@@ -54,6 +54,17 @@ def test_every_xid_row_has_source_and_is_not_both_fault_and_app() -> None:
         assert not (row.fault and row.app_error), row.code
 
 
+def test_xid_catalogue_is_complete() -> None:
+    # NVIDIA's catalog (generated 2025-10-29) lists every code from 1 to 172.
+    assert [r.code for r in xid_table()] == list(range(1, 173))
+    for code in (54, 74, 79, 119, 120, 136, 140, 143, *range(144, 151), 157, 167, 168):
+        info = xid_info(code)
+        assert info is not None and info.fault, code
+    for code in (5, 14, 106, 154, 162):
+        info = xid_info(code)
+        assert info is not None and not info.fault and info.severity == "info", code
+
+
 def test_xid_79_restart_machine_and_fault() -> None:
     info = xid_info(79)
     assert info is not None

@@ -95,6 +95,7 @@ class SmiFacts(Frozen):
     nvml_library_version: str | None = None
     gpus: tuple[SmiGpu, ...] = ()
     processes: tuple[SmiProcess, ...] = ()
+    no_processes_line: Line | None = None  # "No running processes found"
     findings: tuple[Finding, ...] = ()
 
 
@@ -349,6 +350,7 @@ def parse_nvidia_smi(text: str, source: str = "nvidia-smi.txt") -> SmiFacts:
     processes: list[SmiProcess] = []
     driver = cuda = nvml = None
     header: Line | None = None
+    no_processes: Line | None = None
     section = "gpus"
     draft: _GpuDraft | None = None
 
@@ -409,6 +411,8 @@ def parse_nvidia_smi(text: str, source: str = "nvidia-smi.txt") -> SmiFacts:
         if cells is None:
             continue
         if section == "processes":
+            if len(cells) == 1 and "No running processes found" in cells[0]:
+                no_processes = cite(source, number, line)
             if len(cells) == 1:
                 proc = _process(cells[0], cite(source, number, line))
                 if proc is not None:
@@ -471,6 +475,7 @@ def parse_nvidia_smi(text: str, source: str = "nvidia-smi.txt") -> SmiFacts:
         nvml_library_version=nvml,
         gpus=tuple(gpus),
         processes=tuple(processes),
+        no_processes_line=no_processes,
         findings=tuple(findings),
     )
 

@@ -95,10 +95,25 @@ class Ulimits(Frozen):
     findings: tuple[Finding, ...] = ()
 
 
+# /proc/PID/limits: "Max locked memory   65536   65536   bytes" (bytes, not KiB)
+_PROC_LIMIT = re.compile(
+    r"^Max (?P<what>locked memory|stack size)\s+(?P<soft>unlimited|\d{1,30})\s+\S+\s+bytes\s*$"
+)
+
+
 def parse_ulimit(text: str, source: str = "containers/exec-ulimit.txt") -> Ulimits:
+    """`ulimit -a` (bash, dash, busybox; values in KiB) or /proc/PID/limits (bytes)."""
     memlock = stack = None
     memlock_line = None
     for number, raw in enumerate(text.splitlines(), 1):
+        p = _PROC_LIMIT.match(raw.strip())
+        if p is not None:
+            value = -1 if p["soft"] == "unlimited" else int(p["soft"]) // 1024
+            if p["what"] == "locked memory" and memlock is None:
+                memlock, memlock_line = value, Line(source=source, line=number, text=raw.strip())
+            elif stack is None:
+                stack = value
+            continue
         m = _ULIMIT_L.search(raw)
         if m and memlock is None:
             memlock = -1 if m.group(3).lower() == "unlimited" else int(m.group(3))
@@ -239,3 +254,108 @@ def python_exceptions(text: str, source: str) -> tuple[Line, ...]:
             out.append(Line(source=source, line=number, text=line[:500]))
             in_tb = False
     return tuple(out)
+
+
+class EnvReport(Frozen):
+    """What a pasted environment report says: PyTorch's ``collect_env`` (also printed by
+    ``torch.utils.collect_env`` in bug templates), ``pip list``/``pip show`` lines, a
+    ``print(torch.__version__, torch.version.cuda)`` or an interactive ``is_available()``.
+
+    Real example (https://github.com/pytorch/pytorch/issues/52239)::
+
+        PyTorch version: 1.7.1+cpu
+        CUDA used to build PyTorch: None
+        Is CUDA available: False
+
+    gives ``torch="1.7.1+cpu"``, ``built_cuda=None``, ``built_without_cuda=True``,
+    ``cuda_available=False``.
+    """
+
+    torch: str | None = None
+    built_cuda: str | None = None  # "12.1"; None when not said
+    built_without_cuda: bool = False  # "+cpu", "CUDA used to build PyTorch: None"
+    cuda_available: bool | None = None
+    driver: str | None = None  # "Nvidia driver version: 535.104.05"
+    lines: tuple[Line, ...] = ()
+
+    @property
+    def said_anything(self) -> bool:
+        return bool(self.lines)
+
+
+_ENV_TORCH = re.compile(
+    r"(?:PyTorch version|torch version|torch\.__version__\)?|^torch)\s*[:=]{0,2}\s*['\"]?"
+    r"(?P<v>\d+\.\d+(?:\.\d+)?(?:[a-z0-9.]*)?(?:\+(?P<local>[a-z0-9.]+))?)",
+    re.IGNORECASE,
+)
+_ENV_PIP_TORCH = re.compile(r"\btorch[-=]{1,2}(?P<v>\d+\.\d+(?:\.\d+)?)\+(?P<local>cpu|cu\d+)\b")
+_ENV_BUILT = re.compile(r"CUDA used to build PyTorch:\s*(?P<v>\S+)")
+_ENV_AVAILABLE = re.compile(r"Is CUDA available:\s*(?P<v>True|False|Yes|No)\b")
+_ENV_DRIVER = re.compile(r"Nvidia driver version:\s*(?P<v>\d+\.\d+(?:\.\d+)?)")
+_BARE_CPU_VERSION = re.compile(r"^['\"(]?(?P<v>\d+\.\d+(?:\.\d+)?\+cpu)['\")]?$")
+_IS_AVAILABLE_CALL = re.compile(
+    r"is_available\(\)\)?\s*(?:->|=|:|returns?|is)?\s*(?P<v>True|False)?\s*$"
+)
+
+
+def parse_env_report(text: str, source: str) -> EnvReport:
+    """Scan a text (log, trigger, probe output) for environment-report lines; bounded work."""
+    torch = built = driver = None
+    without = False
+    available: bool | None = None
+    cited: list[Line] = []
+    pending_call: int | None = None  # an `is_available()` whose answer is on the next line
+    for number, raw in enumerate(text.splitlines()[:20000], 1):
+        line = raw.strip()[:400]
+        if not line:
+            continue
+        if pending_call is not None:
+            answer = line.lstrip(">. ").strip()
+            if answer in ("True", "False"):
+                available = answer == "True"
+                cited.append(Line(source=source, line=number, text=line))
+            pending_call = None
+        if (m := _ENV_BUILT.search(line)) is not None:
+            value = m["v"]
+            if value in ("None", "N/A"):
+                without = True
+            elif value[:1].isdigit():
+                built = value
+            cited.append(Line(source=source, line=number, text=line))
+            continue
+        if (m := _ENV_AVAILABLE.search(line)) is not None:
+            available = m["v"] in ("True", "Yes")
+            cited.append(Line(source=source, line=number, text=line))
+            continue
+        if (m := _ENV_DRIVER.search(line)) is not None:
+            driver = m["v"]
+            cited.append(Line(source=source, line=number, text=line))
+            continue
+        if torch is None and (m := _BARE_CPU_VERSION.match(line)) is not None:
+            torch, without = m["v"], True
+            cited.append(Line(source=source, line=number, text=line))
+            continue
+        m = _ENV_PIP_TORCH.search(line) or _ENV_TORCH.search(line)
+        if m is not None and torch is None:
+            torch = m["v"]
+            if m["local"] == "cpu":
+                without = True
+            elif m["local"] and m["local"].startswith("cu") and m["local"][2:].isdigit():
+                digits = m["local"][2:]
+                built = built or f"{digits[:-1]}.{digits[-1]}"
+            cited.append(Line(source=source, line=number, text=line))
+            continue
+        if "is_available()" in line and (m := _IS_AVAILABLE_CALL.search(line)) is not None:
+            if m["v"] is None:
+                pending_call = number
+            else:
+                available = m["v"] == "True"
+                cited.append(Line(source=source, line=number, text=line))
+    return EnvReport(
+        torch=torch,
+        built_cuda=built,
+        built_without_cuda=without,
+        cuda_available=available,
+        driver=driver,
+        lines=tuple(cited[:8]),
+    )

@@ -6,6 +6,7 @@ lookups are in ``tables.py`` and re-exported here.
 
 from runbooks.knowledge.tables import (
     BandwidthFloor,
+    ClassInfo,
     DriverBranch,
     DriverRequirement,
     EccRule,
@@ -14,6 +15,8 @@ from runbooks.knowledge.tables import (
     MinorCompat,
     ToolkitDriver,
     XidInfo,
+    class_info,
+    class_table,
     cuda_toolkit_table,
     driver_branch_table,
     driver_satisfies,
@@ -31,6 +34,7 @@ from runbooks.knowledge.tables import (
 
 __all__ = [
     "BandwidthFloor",
+    "ClassInfo",
     "DriverBranch",
     "DriverRequirement",
     "EccRule",
@@ -39,6 +43,8 @@ __all__ = [
     "MinorCompat",
     "ToolkitDriver",
     "XidInfo",
+    "class_info",
+    "class_table",
     "cuda_toolkit_table",
     "driver_branch_table",
     "driver_satisfies",

@@ -205,6 +205,13 @@ class _NcclTables(Frozen):
         return self
 
 
+class ClassInfo(Frozen):
+    """One incident class in plain words (classes.yaml): what it means, what to check next."""
+
+    explain: str
+    next: tuple[str, ...] = ()
+
+
 # --- loading -----------------------------------------------------------------------------------
 
 
@@ -241,6 +248,21 @@ def _model_patterns() -> tuple[tuple[str, tuple[re.Pattern[str], ...]], ...]:
     return tuple(
         (m.key, tuple(re.compile(p, re.IGNORECASE) for p in m.patterns)) for m in _nccl().models
     )
+
+
+@cache
+def _classes() -> dict[str, ClassInfo]:
+    rows = _load("classes.yaml")["classes"]
+    return {str(k): ClassInfo.model_validate(v) for k, v in rows.items()}
+
+
+def class_info(incident: str) -> ClassInfo:
+    """What an incident class means and what to check next (classes.yaml)."""
+    return _classes().get(incident) or ClassInfo(explain=incident)
+
+
+def class_table() -> dict[str, ClassInfo]:
+    return dict(_classes())
 
 
 # --- Xid ---------------------------------------------------------------------------------------
