@@ -160,7 +160,11 @@ def has_gpu_evidence(facts: Facts) -> bool:
 def error_lines(facts: Facts) -> list[Line]:
     """Lines that some signature of a cause or symptom matched, even below a rule's bar: an
     error was seen, so `healthy` would contradict the evidence."""
-    strong = {s.id for s in signatures() if s.role in ("cause", "symptom")}
+    strong = {
+        s.id
+        for s in signatures()
+        if s.role in ("cause", "symptom") and s.incident != Incident.HEALTHY
+    }
     out: list[Line] = []
     for scan in facts.scans:
         if origin_of(scan.source) == "probe":
@@ -219,6 +223,13 @@ def health_evidence(facts: Facts) -> list[Line]:
         progress = [ln for ln in c.log_tail if _PROGRESS.search(ln.text)]
         if progress and progress[-1] == c.log_tail[-1]:
             lines.append(progress[-1])  # the workload's log ends in training/serving progress
+    healthy_sigs = [s.id for s in signatures() if s.incident == Incident.HEALTHY]
+    for scan in facts.scans:
+        if origin_of(scan.source) == "probe":
+            continue
+        for sid in healthy_sigs:
+            if sid in scan.hits:
+                lines.extend(scan.hits[sid].lines()[:1])
     for report in facts.env_reports:
         if report.cuda_available:
             lines.extend(ln for ln in report.lines if "vailable" in ln.text or "True" in ln.text)

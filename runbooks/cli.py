@@ -99,14 +99,38 @@ def _unreachable(bundle: Path) -> bool:
 def cmd_classify(args: argparse.Namespace) -> int:
     import json
 
-    from runbooks.classify import classify_path, render_text, to_json
+    from runbooks.classify import classify_path, render_explain, render_text, to_json
 
-    diagnosis = classify_path(args.path)
+    settings = _settings(args)
+    if str(args.path) == "-":
+        diagnosis = _classify_stdin(settings.state_path)
+    else:
+        diagnosis = classify_path(args.path, state_dir=settings.state_path)
     if args.json:
         print(json.dumps(to_json(diagnosis), indent=2))
     else:
         print(render_text(diagnosis))
+        if args.explain:
+            print(render_explain(diagnosis))
     return 0
+
+
+STDIN_MAX_BYTES = 16 * 1024 * 1024
+
+
+def _classify_stdin(state_dir: Path) -> Any:
+    """A pasted error on standard input, classified as the text a person reported."""
+    import tempfile
+
+    from runbooks.classify import classify_path
+    from runbooks.errors import InputError
+
+    data = sys.stdin.buffer.read(STDIN_MAX_BYTES + 1)
+    if len(data) > STDIN_MAX_BYTES:
+        raise InputError(f"standard input is over {STDIN_MAX_BYTES // 2**20} MiB: pass a file")
+    with tempfile.TemporaryDirectory(prefix="cudamedic-paste-") as tmp:
+        (Path(tmp) / "trigger.txt").write_bytes(data)
+        return classify_path(Path(tmp), state_dir=state_dir)
 
 
 def cmd_fix(args: argparse.Namespace) -> int:
@@ -480,9 +504,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("action", choices=["status", "reset"])
     p.set_defaults(func=cmd_breaker)
 
-    p = sub.add_parser("classify", help="diagnose a bundle (directory, .tar.gz or a log file)")
-    p.add_argument("path", type=Path)
+    p = sub.add_parser(
+        "classify",
+        help="diagnose a bundle (directory, .tar.gz or a log file; - reads a pasted error)",
+    )
+    p.add_argument("path", type=Path, help="bundle directory, .tar.gz, log file, or - (stdin)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument(
+        "--explain",
+        action="store_true",
+        help="also list every class that matched, its evidence and why the winner won",
+    )
     p.set_defaults(func=cmd_classify)
     return parser
 

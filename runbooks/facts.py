@@ -152,15 +152,19 @@ SALIENT_TAIL_BYTES = 1 << 20  # similar-incident search reads at most the newest
 _NOT_LOGS = (".exec-ulimit.txt", ".exec-env.txt", ".exec-shm.txt", "ulimit-a.txt", "ulimit.txt")
 
 
-def _scan_kind(rel: str) -> Where | None:
+def _scan_kind(rel: str, collected: frozenset[str] = frozenset()) -> Where | None:
+    """Which signatures read this file. Output of cudamedic's own host commands (named in
+    bundle.json) is read as nvidia-smi-like output only; any other command output a person
+    added (kubectl, journalctl, a pasted `docker run`) and in-container nvidia-smi is read for
+    every signature ("command")."""
     if rel in ("bundle.json",) or rel.endswith((".json", ".xml", *_NOT_LOGS)):
         return None
     if rel == "dmesg.txt":
         return "kernel"
-    if rel.startswith("containers/") or rel == "trigger.txt":
-        return "log"
-    if rel == "nvidia-smi.txt" or rel.startswith("commands/") or rel == "nccl-tests.txt":
+    if rel in ("nvidia-smi.txt", "nccl-tests.txt") or rel in collected:
         return "smi"
+    if rel.startswith("commands/") or rel.endswith((".exec-nvidia-smi.txt", "-smi-L.txt")):
+        return "command"
     return "log"
 
 
@@ -217,15 +221,16 @@ def gather(bundle: Bundle) -> Facts:
             facts.topology = parse_topology(text, rel)
     for name in bundle.container_names():
         facts.containers[name] = _container(bundle, name)
+    collected = frozenset(s.path for s in meta.sources if s.path) if meta else frozenset()
     for rel in bundle.names():
-        kind = _scan_kind(rel)
+        kind = _scan_kind(rel, collected)
         if kind is None:
             continue
         with bundle.open(rel) as stream:
             scan = scan_stream(stream, rel, kind)
         facts.scans.append(scan)
         facts.text_bytes += scan.bytes
-        if kind in ("log", "kernel") or ".exec-" in rel:
+        if kind in ("log", "kernel", "command"):
             text = bundle.text(rel, limit=SALIENT_TAIL_BYTES)
             if text and len(facts.salient) < 4 * MAX_SALIENT_LINES:
                 facts.salient.extend(salient_lines(text))
@@ -233,7 +238,7 @@ def gather(bundle: Bundle) -> Facts:
                 name = rel.removeprefix("containers/").removesuffix(".log")
                 if name in facts.containers:
                     facts.containers[name].log_tail = _tail_lines(text, rel, scan.lines)
-        if kind == "log" or rel.endswith(".exec-torch.txt"):
+        if kind in ("log", "command") or rel.endswith(".exec-torch.txt"):
             text = bundle.text(rel)
             if text:
                 if kind == "log":

@@ -25,7 +25,9 @@ from runbooks.model import Frozen, Line
 from runbooks.taxonomy import Incident
 
 Role = Literal["cause", "symptom", "context"]
-Where = Literal["log", "kernel", "smi", "any"]
+# Where a signature applies: logs, the kernel log, nvidia-smi-like output, or anywhere. A file
+# scanned as "command" (output a person added) gets the log and nvidia-smi signatures both.
+Where = Literal["log", "kernel", "smi", "any", "command"]
 CHUNK = 8 * 1024 * 1024
 KEEP = 3  # lines kept per signature at each end
 MAX_LINE_TEXT = 500
@@ -87,6 +89,8 @@ def signature(sid: str) -> Signature:
 
 
 def applies(sig: Signature, kind: Where) -> bool:
+    if kind == "command":
+        return sig.where in ("log", "smi", "any")
     return sig.where == "any" or sig.where == kind
 
 

@@ -676,10 +676,24 @@ def invalid_device_ordinal(facts: Facts) -> Match | None:
 
 
 def _small_shm(c: ContainerFacts) -> bool:
+    if c.shm is not None and c.shm.size is not None:
+        return c.shm.size <= DEFAULT_SHM  # measured inside the container: what it has
     if c.inspect is None or c.inspect.ipc_mode == "host":
         return False
     size = c.inspect.shm_size or DEFAULT_SHM
     return size <= DEFAULT_SHM
+
+
+def _shm_size(c: ContainerFacts) -> int:
+    if c.shm is not None and c.shm.size is not None:
+        return c.shm.size
+    return (c.inspect.shm_size if c.inspect else None) or DEFAULT_SHM
+
+
+def _shm_line(c: ContainerFacts) -> Line:
+    if c.shm is not None:
+        return c.shm.line
+    return _inspect_line(c, "ShmSize", f'"ShmSize": {_shm_size(c)}')
 
 
 @rule(Incident.SHM_TOO_SMALL)
@@ -687,11 +701,20 @@ def shm_too_small(facts: Facts) -> Match | None:
     match = sig_match(facts, Incident.SHM_TOO_SMALL)
     small = [c for c in facts.containers.values() if _small_shm(c)]
     nospace = hits(facts, ["no-space-left"], origins=("container", "trigger"))
+    full = [c for c in small if c.shm is not None and (c.shm.use_percent or 0) >= 95]
+    if full and match is None and not nospace:
+        c = full[0]
+        return _boost(
+            None,
+            Incident.SHM_TOO_SMALL,
+            0.8,
+            [_shm_line(c)],
+            f"/dev/shm of {c.name} is {_shm_size(c) // 2**20} MiB and "
+            f"{c.shm.use_percent if c.shm else '?'} % full",
+        )
     if small and (match is not None or nospace) and not _disk_really_full(facts):
         c = small[0]
-        assert c.inspect is not None
-        size = c.inspect.shm_size or DEFAULT_SHM
-        lines = [_inspect_line(c, "ShmSize", f'"ShmSize": {size}')]
+        lines = [_shm_line(c)]
         if match is None:
             lines.extend(nospace)
             return _boost(
@@ -700,14 +723,14 @@ def shm_too_small(facts: Facts) -> Match | None:
                 0.8,
                 lines,
                 f"'No space left on device' in a container whose /dev/shm is only "
-                f"{size // 2**20} MiB",
+                f"{_shm_size(c) // 2**20} MiB",
             )
         return _boost(
             match,
             Incident.SHM_TOO_SMALL,
             0.9,
             lines,
-            f"/dev/shm of {c.name} is {size // 2**20} MiB",
+            f"/dev/shm of {c.name} is {_shm_size(c) // 2**20} MiB",
         )
     return match
 
@@ -749,6 +772,9 @@ def _disk_really_full(facts: Facts) -> list[Line]:
 def disk_full(facts: Facts) -> Match | None:
     shm_lines = {(ln.source, ln.line) for ln in hits(facts, class_sigs(Incident.SHM_TOO_SMALL))}
     lines = [ln for ln in hits(facts, ["no-space-left"]) if (ln.source, ln.line) not in shm_lines]
+    other = sig_match(facts, Incident.DISK_FULL, exclude=["no-space-left"])
+    if other is not None:  # an eviction for ephemeral storage, a quota: disk-full in itself
+        return _boost(other, Incident.DISK_FULL, other.confidence, lines, "")
     full = _disk_really_full(facts)
     if full:
         return _boost(

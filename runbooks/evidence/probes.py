@@ -159,8 +159,12 @@ class Filesystem(Frozen):
 def parse_df(text: str, source: str = "commands/df.txt") -> tuple[Filesystem, ...]:
     out: list[Filesystem] = []
     pending = ""
+    block = 1  # `df -h` sizes carry their unit; plain `df` / `df -k` counts 1K-blocks
     for number, raw in enumerate(text.splitlines(), 1):
-        if raw.startswith("Filesystem") or not raw.strip():
+        if raw.startswith("Filesystem"):
+            block = 1024 if "1K-blocks" in raw or "1024-blocks" in raw else 1
+            continue
+        if not raw.strip():
             continue
         parts = (pending + " " + raw).split() if pending else raw.split()
         if len(parts) == 1:  # long device names wrap onto the next line
@@ -176,14 +180,18 @@ def parse_df(text: str, source: str = "commands/df.txt") -> tuple[Filesystem, ..
         out.append(
             Filesystem(
                 source=parts[0],
-                size=parse_size(parts[1]),
-                used=parse_size(parts[2]),
+                size=_blocks(parse_size(parts[1]), block),
+                used=_blocks(parse_size(parts[2]), block),
                 use_percent=pct,
                 mount=" ".join(parts[5:]),
                 line=Line(source=source, line=number, text=raw.strip()),
             )
         )
     return tuple(out)
+
+
+def _blocks(size: int | None, block: int) -> int | None:
+    return None if size is None else size * block
 
 
 class DockerInfo(Frozen):
