@@ -98,10 +98,13 @@ def diagnose(
             next_checks=knowledge.class_info(incident).next,
             **common,
         )
-    evidence = tuple((facts.exceptions or error_lines(facts))[-3:])
+    evidence = tuple((facts.exceptions or error_lines(facts) or facts.errorish)[-3:])
     relevant = bool(evidence) or has_gpu_evidence(facts) or _kernel_gpu_lines(facts)
     if evidence:
-        summary = f"{explain(Incident.UNKNOWN)} The last error was: {evidence[-1].text.strip()}"
+        summary = (
+            f"{explain(Incident.UNKNOWN)} No known error message matched; the last error "
+            f"was: {evidence[-1].text.strip()}"
+        )
     elif facts.ssh_error:
         summary = f"Nothing could be checked: the host could not be reached: {facts.ssh_error}"
     elif not facts.text_bytes and not relevant:
@@ -197,9 +200,13 @@ def health_evidence(facts: Facts) -> list[Line]:
                 )
             )
     for smi in tables:
-        if smi is not None and smi.status == "ok" and not smi.gpus and smi.processes:
-            # A process list alone (the GPU rows cut off): a process is running on the GPU.
-            lines.append(smi.processes[0].line)
+        if smi is not None and smi.status == "ok" and not smi.gpus:
+            # The table cut short: a process on the GPU, or the header naming the driver,
+            # still shows the driver answering.
+            if smi.processes:
+                lines.append(smi.processes[0].line)
+            elif smi.driver_version and smi.status_line is not None:
+                lines.append(smi.status_line)
     if not lines and facts.smi_xml is not None and facts.smi_xml.gpus:
         g = facts.smi_xml.gpus[0]
         lines.append(Line(source="nvidia-smi.xml", line=0, text=f"{g.product_name} {g.bus_id}"))

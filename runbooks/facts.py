@@ -39,7 +39,7 @@ from runbooks.evidence.probes import (
 from runbooks.evidence.topology import Topology, is_topology, parse_topology
 from runbooks.logscan import ScanResult, Where, scan_stream
 from runbooks.model import Finding, Line
-from runbooks.similar import MAX_SALIENT_LINES, salient_lines
+from runbooks.similar import ERRORISH, MAX_SALIENT_LINES, salient_lines
 
 # Where a line came from: the host's commands, its kernel log, the workload's own log, the text a
 # person pasted, or a probe cudamedic itself ran inside a container (our probe failing is not a
@@ -84,6 +84,7 @@ class Facts(BaseModel):
     exceptions: list[Line] = []
     env_reports: list[EnvReport] = []  # collect_env / version printouts in any text
     salient: list[str] = []  # the lines that carry meaning, for similar-incident search
+    errorish: list[Line] = []  # the last error-looking lines of each log (no signature needed)
     text_bytes: int = 0  # how much text the bundle held (0: nothing to read at all)
     ssh_error: str | None = None
     findings: list[Finding] = []
@@ -234,6 +235,8 @@ def gather(bundle: Bundle) -> Facts:
             text = bundle.text(rel, limit=SALIENT_TAIL_BYTES)
             if text and len(facts.salient) < 4 * MAX_SALIENT_LINES:
                 facts.salient.extend(salient_lines(text))
+            if text and kind != "kernel":
+                facts.errorish.extend(_errorish(text, rel, scan.lines))
             if text and rel.endswith(".log") and rel.startswith("containers/"):
                 name = rel.removeprefix("containers/").removesuffix(".log")
                 if name in facts.containers:
@@ -249,6 +252,17 @@ def gather(bundle: Bundle) -> Facts:
     if LOG_FILE in bundle.names() and "log" not in facts.containers:
         facts.containers["log"] = ContainerFacts(name="log", has_log=True)
     return facts
+
+
+def _errorish(text: str, source: str, total: int, keep: int = 2) -> list[Line]:
+    lines = text.splitlines()
+    first = max(total, len(lines)) - len(lines) + 1
+    found = [
+        Line(source=source, line=first + i, text=ln.strip()[:300])
+        for i, ln in enumerate(lines)
+        if ERRORISH.search(ln)
+    ]
+    return found[-keep:]
 
 
 def _tail_lines(text: str, source: str, total: int, keep: int = 5) -> tuple[Line, ...]:

@@ -230,6 +230,11 @@ def gpu_hardware_fault(facts: Facts) -> Match | None:
                 break
     if facts.smi is not None:
         for gpu in facts.smi.gpus:
+            count = gpu.volatile_uncorrected_ecc or ""
+            if count.isdigit() and int(count) > 0 and gpu.line is not None:
+                lines.append(gpu.line)
+                best = max(best, 0.85)
+                reasons.append(f"GPU {gpu.index} has {count} volatile uncorrectable ECC error(s)")
             if gpu.err_fields and gpu.line is not None:
                 lines.append(gpu.line)
                 best = max(best, 0.85)
@@ -939,6 +944,17 @@ def nccl_slow_transport(facts: Facts) -> Match | None:
                 f"the collective hangs between GPUs linked over PCIe through the host "
                 f"({'/'.join(kinds)}, no NVLink): peer-to-peer blocked by ACS/IOMMU",
             )
+    plain, gdr = hits(facts, ["ib-without-gdrdma"]), hits(facts, ["ib-with-gdrdma"])
+    if plain and gdr:
+        # Some ranks use GPUDirect RDMA and others do not: the node without it (nvidia-peermem
+        # not loaded, ACS on) stages every transfer through host memory.
+        return _boost(
+            match,
+            Incident.NCCL_SLOW_TRANSPORT,
+            0.8,
+            [plain[0], gdr[0]],
+            "NCCL uses GPUDirect RDMA on some paths only (NET/IB with and without GDRDMA)",
+        )
     for c in facts.containers.values():
         env = {**(c.inspect.env if c.inspect else {}), **c.env_probe}
         if env.get("NCCL_P2P_DISABLE") == "1" and match is not None:

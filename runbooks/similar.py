@@ -27,7 +27,7 @@ from runbooks.model import Frozen, SimilarIncident
 MAX_SALIENT_LINES = 120
 MAX_LINE = 300
 MAX_DOC_TOKENS = 4000
-_ERRORISH = re.compile(
+ERRORISH = re.compile(
     r"(?i)error|fail|fatal|denied|killed|unable|cannot|can't|could not|not found|no such|"
     r"invalid|exception|timeout|timed out|warn|xid|nvrm|mismatch|insufficient|unavailable|"
     r"refused|abort|terminat|no space|oom|out of memory|bus error|is_available|not compiled|"
@@ -65,7 +65,7 @@ def salient_lines(text: str, limit: int = MAX_SALIENT_LINES) -> list[str]:
     lines = [ln.strip()[:MAX_LINE] for ln in text.splitlines() if ln.strip()]
     if len(lines) <= 12:
         return lines[:limit]
-    hot = [ln for ln in lines if _ERRORISH.search(ln)]
+    hot = [ln for ln in lines if ERRORISH.search(ln)]
     half = limit // 2
     picked = hot if len(hot) <= limit - 8 else hot[:half] + hot[-(limit - 8 - half) :]
     return [*picked, *lines[-8:]][:limit]
