@@ -210,6 +210,12 @@ def gpu_hardware_fault(facts: Facts) -> Match | None:
                     f"Xid {code} ({info.mnemonic}): NVIDIA action {info.immediate_action}"
                 )
                 break
+        missing = hits(facts, ["gpu-reported-broken"], WORKLOAD)
+        init_failed = [n.line for n in facts.kernel.nvrm if "RmInitAdapter failed" in n.line.text]
+        if missing and init_failed:
+            lines.extend([*init_failed[:2], missing[0]])
+            best = max(best, 0.85)
+            reasons.append("one GPU fails to initialize (RmInitAdapter) while the others work")
         pinned = _app_faults_pinned_to_one_gpu(facts)
         if pinned is not None:
             pci, pinned_lines = pinned
@@ -412,6 +418,18 @@ def driver_too_old(facts: Facts) -> Match | None:
     )
     for report in facts.env_reports:
         have = report.driver or driver
+        # Code compiled by a newer toolkit (PTX) needs the newer driver: no minor-version
+        # compatibility for JIT, hence strict.
+        newer = report.nvcc and knowledge.driver_satisfies(have or "", report.nvcc, strict=True)
+        if have and report.nvcc and newer is False:
+            return _boost(
+                match,
+                Incident.DRIVER_TOO_OLD,
+                0.85,
+                list(report.lines),
+                f"the CUDA toolkit in use is {report.nvcc}; driver {have} supports at most "
+                f"CUDA {knowledge.max_cuda_for_driver(have) or '?'}",
+            )
         if (
             have
             and report.built_cuda
@@ -622,7 +640,7 @@ def _cuda_unavailable_lines(facts: Facts) -> list[Line]:
         for r in facts.env_reports
         if r.cuda_available is False and not r.built_without_cuda
         for ln in r.lines
-        if "vailable" in ln.text or ln.text.strip() in ("False", ">>> False")
+        if "vailable" in ln.text or ln.text.strip().lstrip(">.# ").strip() == "False"
     ]
 
 
@@ -716,6 +734,18 @@ def shm_too_small(facts: Facts) -> Match | None:
             [_shm_line(c)],
             f"/dev/shm of {c.name} is {_shm_size(c) // 2**20} MiB and "
             f"{c.shm.use_percent if c.shm else '?'} % full",
+        )
+    segments = hits(facts, ["nccl-shm-segments"])
+    nccl_failed = hits(facts, ["nccl-unhandled-system-error"], WORKLOAD)
+    if segments and nccl_failed:
+        # NCCL's failure to set up a segment while /dev/shm is littered with its segments.
+        return _boost(
+            match,
+            Incident.SHM_TOO_SMALL,
+            0.8,
+            [nccl_failed[0], segments[0]],
+            "NCCL fails with a system error while /dev/shm holds its stale nccl-* segments: "
+            "/dev/shm is full",
         )
     if small and (match is not None or nospace) and not _disk_really_full(facts):
         c = small[0]

@@ -284,6 +284,7 @@ class EnvReport(Frozen):
     built_without_cuda: bool = False  # "+cpu", "CUDA used to build PyTorch: None"
     cuda_available: bool | None = None
     driver: str | None = None  # "Nvidia driver version: 535.104.05"
+    nvcc: str | None = None  # "Cuda compilation tools, release 11.7": the toolkit in use
     lines: tuple[Line, ...] = ()
 
     @property
@@ -302,13 +303,14 @@ _ENV_AVAILABLE = re.compile(r"Is CUDA available:\s*(?P<v>True|False|Yes|No)\b")
 _ENV_DRIVER = re.compile(r"Nvidia driver version:\s*(?P<v>\d+\.\d+(?:\.\d+)?)")
 _BARE_CPU_VERSION = re.compile(r"^['\"(]?(?P<v>\d+\.\d+(?:\.\d+)?\+cpu)['\")]?$")
 _IS_AVAILABLE_CALL = re.compile(
-    r"is_available\(\)\)?\s*(?:->|=|:|returns?|is)?\s*(?P<v>True|False)?\s*$"
+    r"is_available\(\)[)\"'\s]*(?:->|=|:|returns?|is)?\s*(?P<v>True|False)?[\s\"')]*$"
 )
+_NVCC = re.compile(r"Cuda compilation tools, release (?P<v>\d+\.\d+)")
 
 
 def parse_env_report(text: str, source: str) -> EnvReport:
     """Scan a text (log, trigger, probe output) for environment-report lines; bounded work."""
-    torch = built = driver = None
+    torch = built = driver = nvcc = None
     without = False
     available: bool | None = None
     cited: list[Line] = []
@@ -318,7 +320,7 @@ def parse_env_report(text: str, source: str) -> EnvReport:
         if not line:
             continue
         if pending_call is not None:
-            answer = line.lstrip(">. ").strip()
+            answer = line.lstrip(">.# ").strip()
             if answer in ("True", "False"):
                 available = answer == "True"
                 cited.append(Line(source=source, line=number, text=line))
@@ -333,6 +335,10 @@ def parse_env_report(text: str, source: str) -> EnvReport:
             continue
         if (m := _ENV_AVAILABLE.search(line)) is not None:
             available = m["v"] in ("True", "Yes")
+            cited.append(Line(source=source, line=number, text=line))
+            continue
+        if (m := _NVCC.search(line)) is not None:
+            nvcc = m["v"]
             cited.append(Line(source=source, line=number, text=line))
             continue
         if (m := _ENV_DRIVER.search(line)) is not None:
@@ -365,5 +371,6 @@ def parse_env_report(text: str, source: str) -> EnvReport:
         built_without_cuda=without,
         cuda_available=available,
         driver=driver,
+        nvcc=nvcc,
         lines=tuple(cited[:8]),
     )
