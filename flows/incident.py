@@ -31,7 +31,7 @@ from flows.slack import SlackThread
 from reports import slack as slack_msg
 from runbooks import breaker
 from runbooks.classify import classify_path
-from runbooks.collect import collect
+from runbooks.collect import collect, missing_container
 from runbooks.errors import CudamedicError
 from runbooks.fixer import (
     Prepared,
@@ -45,7 +45,7 @@ from runbooks.fixer import (
 )
 from runbooks.inventory import load_inventory
 from runbooks.journal import audit, now, who
-from runbooks.model import Diagnosis
+from runbooks.model import Diagnosis, SimilarIncident
 from runbooks.recreate import Outcome
 from runbooks.runbook import Runbook, load_runbook
 from runbooks.settings import Settings, load_settings
@@ -79,6 +79,8 @@ class Response(BaseModel):
     approval: str | None = None
     flow_run_id: str | None = None
     flow_run_url: str | None = None
+    similar: list[SimilarIncident] = []  # known incidents that resemble this one
+    basis: str = "evidence"
 
 
 # -- names and limits ----------------------------------------------------------------------------
@@ -139,8 +141,8 @@ def collect_task(
 
 
 @task(name="classify", cache_policy=NO_CACHE)
-def classify_task(bundle: str) -> Diagnosis:
-    return classify_path(bundle)
+def classify_task(bundle: str, settings: Settings) -> Diagnosis:
+    return classify_path(bundle, state_dir=settings.state_path)
 
 
 @task(name="plan-fix", cache_policy=NO_CACHE, timeout_seconds=120)
@@ -283,7 +285,23 @@ def incident_response(
         timeout_seconds=book.timeouts.collect, retries=book.retries, retry_delay_seconds=5
     )(tgt, container, trigger_text, settings, book)
     mark("evidence collected", f"bundle {bundle}")
-    diagnosis = classify_task.with_options(timeout_seconds=book.timeouts.classify)(bundle)
+    if (missing := missing_container(Path(bundle))) is not None:
+        # A mistyped container: an error to show the person, not an incident to report.
+        mark("no such container", missing)
+        return Response(
+            host=tgt.name,
+            container=container,
+            incident="unknown",
+            confidence=0.0,
+            summary=missing,
+            outcome="no-such-container",
+            detail=missing,
+            bundle=bundle,
+            report="",
+            flow_run_id=run_id,
+            flow_run_url=links.get("Prefect flow run"),
+        )
+    diagnosis = classify_task.with_options(timeout_seconds=book.timeouts.classify)(bundle, settings)
     mark("diagnosed", f"{diagnosis.incident} (confidence {diagnosis.confidence:.2f})")
 
     subject = container or diagnosis.container
@@ -399,6 +417,8 @@ def incident_response(
         approval=approval_text,
         flow_run_id=run_id,
         flow_run_url=links.get("Prefect flow run"),
+        similar=list(diagnosis.similar),
+        basis=diagnosis.basis,
     )
 
 

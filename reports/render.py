@@ -15,7 +15,7 @@ from functools import cache
 
 import jinja2
 
-from runbooks.model import Frozen, Line
+from runbooks.model import Frozen, Line, SimilarIncident
 
 
 class TimelineEvent(Frozen):
@@ -51,6 +51,8 @@ class PostMortem(Frozen):
     action_items: tuple[str, ...] = ()
     links: dict[str, str] = {}
     bundle: str | None = None
+    similar: tuple[SimilarIncident, ...] = ()  # known incidents that resemble this one
+    basis: str = "evidence"  # how the class was reached (model.Basis)
 
     @property
     def duration_s(self) -> float:

@@ -8,6 +8,7 @@ import json
 from typing import Any
 
 from reports.render import PostMortem, SweepSummary
+from runbooks.model import SimilarIncident
 
 SECTION_MAX = 3000
 APPROVE, REJECT = "cudamedic_approve", "cudamedic_reject"
@@ -104,14 +105,37 @@ def summary_blocks(pm: PostMortem) -> list[dict[str, Any]]:
         ("Outcome", pm.outcome),
         ("Time to resolution", f"{seconds:.0f} s"),
     ]
-    return [
-        _section(f"{emoji} *Post-mortem: {_escape(pm.incident)} on {_escape(where)}*"),
-        {
-            "type": "section",
-            "fields": [{"type": "mrkdwn", "text": f"*{k}*\n{_escape(v)}"} for k, v in fields],
-        },
-        _section(_escape(pm.summary)),
-    ] + ([_section(_escape(pm.outcome_detail))] if pm.outcome_detail else [])
+    return (
+        [
+            _section(f"{emoji} *Post-mortem: {_escape(pm.incident)} on {_escape(where)}*"),
+            {
+                "type": "section",
+                "fields": [{"type": "mrkdwn", "text": f"*{k}*\n{_escape(v)}"} for k, v in fields],
+            },
+            _section(_escape(pm.summary)),
+        ]
+        + ([_section(_escape(pm.outcome_detail))] if pm.outcome_detail else [])
+        + (
+            [_section("*Similar known incidents*\n" + similar_text(pm.similar))]
+            if pm.similar
+            else []
+        )
+    )
+
+
+def similar_text(similar: tuple[SimilarIncident, ...] | list[SimilarIncident]) -> str:
+    """Each similar incident on a line: its class, where it is from, what it concluded."""
+    lines = []
+    for s in similar:
+        if s.kind == "team":
+            fixed = f", fixed by `{_escape(s.fix)}`" if s.fix else ""
+            lines.append(
+                f"• `{s.incident}` — this happened on {_escape(s.host or '?')} on "
+                f"{_escape(s.when or '?')}{fixed}"
+            )
+        else:
+            lines.append(f"• `{s.incident}` — {_escape(s.source)}: {_escape(s.conclusion[:200])}")
+    return "\n".join(lines)
 
 
 def sweep_blocks(s: SweepSummary) -> list[dict[str, Any]]:

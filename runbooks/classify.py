@@ -262,6 +262,8 @@ def fact_words(facts: Facts) -> list[str]:
     if facts.smi is not None:
         words.append(f"factsmi_{facts.smi.status.replace('-', '_')}")
     for c in facts.containers.values():
+        if c.smi is not None:
+            words.append(f"factcontainer_smi_{c.smi.status.replace('-', '_')}")
         if c.inspect is not None:
             words.append("factgpu_access" if c.inspect.has_gpu_access else "factno_gpu_request")
             if c.inspect.oom_killed:

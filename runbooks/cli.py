@@ -43,7 +43,7 @@ def cmd_collect(args: argparse.Namespace) -> int:
     import concurrent.futures
 
     from runbooks.bundle import write_tar
-    from runbooks.collect import collect
+    from runbooks.collect import collect, missing_container
     from runbooks.errors import InputError
     from runbooks.target import resolve_target
 
@@ -68,11 +68,18 @@ def cmd_collect(args: argparse.Namespace) -> int:
 
     # Hosts are independent: collect them at once, each bounded by its own timeouts.
     unreachable = 0
+    missing: list[str] = []
     with concurrent.futures.ThreadPoolExecutor(max_workers=min(16, len(targets))) as pool:
         for path in pool.map(one, targets):
             print(path)
             if _unreachable(Path(path)):
                 unreachable += 1
+            if (why := missing_container(_bundle_dir(Path(path)))) is not None:
+                missing.append(why)
+    for why in missing:
+        print(f"cudamedic: error: {why}", file=sys.stderr)
+    if missing:
+        return 2
     if unreachable:
         print(
             f"cudamedic: {unreachable} target(s) could not be reached; see bundle.json",
@@ -82,13 +89,18 @@ def cmd_collect(args: argparse.Namespace) -> int:
     return 0
 
 
+def _bundle_dir(bundle: Path) -> Path:
+    """The bundle directory (a .tar.gz was written beside it)."""
+    if bundle.name.endswith(".tar.gz"):
+        return bundle.with_name(bundle.name.removesuffix(".tar.gz"))
+    return bundle
+
+
 def _unreachable(bundle: Path) -> bool:
     """Did the bundle's collection fail to reach its host at all?"""
     import json
 
-    meta = bundle / "bundle.json"
-    if not meta.exists():  # a .tar.gz: the directory beside it holds the same bundle.json
-        meta = bundle.with_name(bundle.name.removesuffix(".tar.gz")) / "bundle.json"
+    meta = _bundle_dir(bundle) / "bundle.json"
     try:
         findings = json.loads(meta.read_text()).get("findings", [])
     except (OSError, ValueError):
@@ -105,6 +117,11 @@ def cmd_classify(args: argparse.Namespace) -> int:
     if str(args.path) == "-":
         diagnosis = _classify_stdin(settings.state_path)
     else:
+        from runbooks.collect import missing_container
+        from runbooks.errors import NoSuchContainer
+
+        if Path(args.path).is_dir() and (why := missing_container(Path(args.path))):
+            raise NoSuchContainer(f"{why} (nothing to diagnose in {args.path})")
         diagnosis = classify_path(args.path, state_dir=settings.state_path)
     if args.json:
         print(json.dumps(to_json(diagnosis), indent=2))
@@ -170,6 +187,19 @@ def cmd_fix(args: argparse.Namespace) -> int:
     return {"fixed": 0, "recovered": 0, "rolled-back": 5}.get(outcome.status, 6)
 
 
+def cmd_confirm(args: argparse.Namespace) -> int:
+    from runbooks.history import confirm
+    from runbooks.journal import who
+
+    settings = _settings(args)
+    incident = confirm(settings.state_path, args.report, args.by or who(), args.incident)
+    print(
+        f"confirmed: {Path(args.report).name} is {incident}; it is now cited as a known "
+        "incident of this team"
+    )
+    return 0
+
+
 def cmd_rollback(args: argparse.Namespace) -> int:
     from runbooks.fixer import render_outcome, rollback
     from runbooks.target import resolve_target
@@ -220,6 +250,10 @@ def cmd_triage(args: argparse.Namespace) -> int:
         say=print,
         actor=who(),
     )
+    if response.outcome == "no-such-container":
+        from runbooks.errors import NoSuchContainer
+
+        raise NoSuchContainer(response.detail)
     print(f"incident:  {response.incident} (confidence {response.confidence:.2f})")
     where = response.host + (f" / {response.container}" if response.container else "")
     print(f"where:     {where}")
@@ -230,6 +264,11 @@ def cmd_triage(args: argparse.Namespace) -> int:
     print(f"outcome:   {response.outcome}{': ' + response.detail if response.detail else ''}")
     if response.approval:
         print(f"approval:  {response.approval}")
+    if response.similar:
+        from runbooks.classify import similar_line
+
+        print("similar:")
+        print("\n".join(f"  - {similar_line(s)}" for s in response.similar))
     print(f"report:    {response.report}")
     if response.flow_run_url:
         print(f"flow run:  {response.flow_run_url}")
@@ -431,6 +470,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--inventory", type=Path)
     p.add_argument("--trigger", help="the text that triggered this")
     p.set_defaults(func=cmd_fix)
+
+    p = sub.add_parser(
+        "confirm",
+        help="confirm (or correct) the cause of a post-mortem, so it is cited as a known incident",
+    )
+    p.add_argument("report", help="the post-mortem (path or file name) the response wrote")
+    p.add_argument("--incident", help="the cause, when it was not the diagnosed class")
+    p.add_argument("--by", help="who confirms (default: this user@host)")
+    p.set_defaults(func=cmd_confirm)
 
     p = sub.add_parser("rollback", help="restore the container a fix replaced (its backup)")
     p.add_argument("target")

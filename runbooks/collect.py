@@ -22,7 +22,7 @@ from typing import Any
 
 from runbooks import __version__, names
 from runbooks.bundle import BundleMeta, SourceResult, dumps_json
-from runbooks.errors import CudamedicError, InputError, TargetError
+from runbooks.errors import ContainerNotFound, CudamedicError, InputError, TargetError
 from runbooks.evidence.docker_inspect import facts_from_dict
 from runbooks.evidence.nvidia_smi import parse_nvidia_smi
 from runbooks.model import Finding
@@ -473,6 +473,7 @@ def _collect_docker(
     except CudamedicError as exc:
         writer.add(SourceResult(name="docker-info", status="error", error=str(exc)))
         return
+    named = bool(containers)
     if not containers:
         try:
             containers.extend(_select_containers(engine, writer))
@@ -488,7 +489,60 @@ def _collect_docker(
                 )
             )
     for name in containers:
+        if named and not _exists(engine, name, writer):
+            continue
         _collect_container(engine, name, settings, writer, runbook)
+
+
+NOT_FOUND = "container-not-found"
+MAX_LISTED = 20
+
+
+def _exists(engine: DockerEngine, name: str, writer: _Writer) -> bool:
+    """Does the named container exist? If not, a finding names the containers that do (a typo
+    is an error, never an empty diagnosis)."""
+    try:
+        engine.inspect(name)
+        return True
+    except ContainerNotFound:
+        pass
+    except CudamedicError:
+        return True  # the engine failed otherwise: collection records that error itself
+    try:
+        listed = sorted(
+            names.display(str(n).lstrip("/"))
+            for summary in engine.containers(all_=True)
+            for n in (summary.get("Names") or [])[:1]
+            if not names.is_backup(str(n))
+        )
+    except CudamedicError:
+        listed = []
+    there = ", ".join(listed[:MAX_LISTED]) + (" ..." if len(listed) > MAX_LISTED else "")
+    writer.findings.append(
+        Finding(
+            code=NOT_FOUND,
+            severity="error",
+            source=f"containers/{name}",
+            message=f"no container named {name!r} on this host; "
+            + (f"its containers: {there}" if listed else "it has no containers"),
+        )
+    )
+    writer.add(SourceResult(name=f"{name}:inspect", status="error", error="no such container"))
+    return False
+
+
+def missing_container(bundle: Path) -> str | None:
+    """The error message when the bundle's named container did not exist, else None."""
+    import json
+
+    try:
+        meta = json.loads((bundle / "bundle.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError):
+        return None
+    for finding in meta.get("findings", []) if isinstance(meta, dict) else []:
+        if isinstance(finding, dict) and finding.get("code") == NOT_FOUND:
+            return str(finding.get("message") or "no such container")
+    return None
 
 
 @contextlib.contextmanager

@@ -9,6 +9,7 @@
      |    +-- ContainerNotFound no such container on the engine
      |    +-- EngineError       the Docker engine answered with an error
      +-- InputError             bad user input (names, paths, inventory, config)
+     |    +-- NoSuchContainer   a named container does not exist on a host that answered
      +-- FixError               a fix could not be applied
           +-- VerifyFailed
           +-- RollbackFailed
@@ -52,6 +53,10 @@ class EngineError(TargetError):
 
 
 class InputError(CudamedicError):
+    pass
+
+
+class NoSuchContainer(InputError):
     pass
 
 

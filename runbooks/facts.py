@@ -233,7 +233,8 @@ def gather(bundle: Bundle) -> Facts:
         facts.text_bytes += scan.bytes
         if kind in ("log", "kernel", "command"):
             text = bundle.text(rel, limit=SALIENT_TAIL_BYTES)
-            if text and len(facts.salient) < 4 * MAX_SALIENT_LINES:
+            # What cudamedic's own probes printed is not the incident's text (see Origin).
+            if text and len(facts.salient) < 4 * MAX_SALIENT_LINES and origin_of(rel) != "probe":
                 facts.salient.extend(salient_lines(text))
             if text and kind != "kernel":
                 facts.errorish.extend(_errorish(text, rel, scan.lines))

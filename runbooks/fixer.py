@@ -8,14 +8,15 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 from collections.abc import Iterator, Sequence
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from runbooks.classify import classify_path
-from runbooks.collect import collect, engine_session
-from runbooks.errors import FixError
+from runbooks.collect import collect, engine_session, missing_container
+from runbooks.errors import FixError, NoSuchContainer
 from runbooks.fixes import plan_fix
 from runbooks.journal import Journal, applied_within, audit, container_lock, now, who
 from runbooks.model import Diagnosis, FixPlan, Frozen
@@ -30,6 +31,8 @@ from runbooks.target import Target
 
 if TYPE_CHECKING:
     from reports.render import PostMortem
+
+log = logging.getLogger(__name__)
 
 
 class Prepared(Frozen):
@@ -74,7 +77,9 @@ def prepare(
     container = container_name(container)
     recovered = recover_interrupted(target, container, settings)
     bundle = collect(target, settings, container=container, trigger=trigger, runbook=runbook)
-    diagnosis = classify_path(bundle)
+    if (why := missing_container(bundle)) is not None:
+        raise NoSuchContainer(why)
+    diagnosis = classify_path(bundle, state_dir=settings.state_path)
     return plan_for(target, container, str(bundle), diagnosis, settings, recovered)
 
 
@@ -379,6 +384,8 @@ def postmortem(
         action_items=tuple(redact_text(a) for a in actions),
         links=links or {},
         bundle=prepared.bundle,
+        similar=d.similar,
+        basis=d.basis,
     )
 
 
@@ -389,7 +396,49 @@ def save_postmortem(pm: PostMortem, settings: Settings, markdown: str | None = N
     from reports.store import save_report
 
     text = markdown if markdown is not None else render_markdown(pm)
-    return save_report(settings.reports_path, report_name(pm), text)
+    path = save_report(settings.reports_path, report_name(pm), text)
+    remember(pm, path, settings)
+    return path
+
+
+def _history_text(pm: PostMortem) -> str:
+    """What similar-incident search will match this report on: the bundle's salient evidence
+    (as for any incident), else the post-mortem's decisive lines."""
+    from runbooks.bundle import open_bundle
+    from runbooks.classify import evidence_text
+    from runbooks.errors import CudamedicError
+    from runbooks.facts import gather
+
+    if pm.bundle and Path(pm.bundle).is_dir():
+        try:
+            with open_bundle(Path(pm.bundle)) as bundle:
+                return evidence_text(gather(bundle))
+        except CudamedicError:
+            pass
+    return "\n".join([*(ln.text for ln in pm.evidence), pm.trigger or ""])
+
+
+def remember(pm: PostMortem, report: Path, settings: Settings) -> None:
+    """Add the response to the team's history; a verified fix confirms its cause at once
+    (`cudamedic confirm REPORT` confirms the others). Never fails the response."""
+    from runbooks.history import record_report
+
+    fix = " ".join(ln[2:].strip() for ln in pm.docker_run_diff if ln.startswith("+ ")) or None
+    try:
+        record_report(
+            settings.state_path,
+            report=report,
+            incident=pm.incident,
+            host=pm.host,
+            container=pm.container,
+            conclusion=pm.summary,
+            text=_history_text(pm),
+            fix=fix,
+            confirmed_by="verified fix" if pm.outcome == "fixed" else None,
+            when=pm.started_at,
+        )
+    except OSError as exc:
+        log.warning("could not add %s to the incident history: %s", report, exc)
 
 
 def write_postmortem(

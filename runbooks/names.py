@@ -27,6 +27,12 @@ def _show(value: str) -> str:
     return repr(shown)
 
 
+def display(value: str, limit: int = 80) -> str:
+    """A name from a target, safe to print: control characters escaped, length bounded."""
+    shown = value if len(value) <= limit else value[: limit - 3] + "..."
+    return "".join(ch if ch.isprintable() else f"\\x{ord(ch):02x}" for ch in shown)
+
+
 def container_name(value: str) -> str:
     """Return the name without a leading '/', or raise InputError."""
     if not isinstance(value, str) or not _CONTAINER.fullmatch(value):

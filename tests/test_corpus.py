@@ -2,7 +2,10 @@
 
 One test per case checks that classification runs and gives a valid id; the accuracy test
 computes per-class precision and recall, prints them in the session summary (see conftest) and
-fails under 95 % overall accuracy.
+fails under 95 % overall accuracy. Each case is classified leave-one-out: it is never its own
+similar incident (the packaged index holds the whole corpus). Its case.yaml (the label) is not
+part of the bundle layout and is never read as evidence. The blind first-pass figures of each
+round, beside the naive baseline (scripts/baseline.py), are in docs/accuracy.md.
 """
 
 from __future__ import annotations
@@ -31,6 +34,9 @@ def expected(case: Path) -> dict[str, object]:
 def test_case_is_well_formed_and_classifies(case: Path) -> None:
     data = expected(case)
     assert str(data["source"]).startswith("http"), "every case names its public source"
+    assert data.get("conclusion") and data.get("provenance"), "what the thread concluded, and how"
+    assert isinstance(data.get("round"), int) and data.get("stack") and data.get("orchestrator")
+    assert isinstance(data.get("thin"), bool) and isinstance(data.get("hard"), bool)
     assert Incident(str(data["incident"]))
     assert case.name.startswith(f"{data['incident']}--")
     diagnosis = classify_path(case)
@@ -38,11 +44,39 @@ def test_case_is_well_formed_and_classifies(case: Path) -> None:
     assert 0 <= diagnosis.confidence <= 1
 
 
-def test_every_class_has_three_cases() -> None:
-    counts = Counter(str(expected(c)["incident"]) for c in CASES)
-    missing = {i.value: counts.get(i.value, 0) for i in Incident if counts.get(i.value, 0) < 3}
-    assert not missing, f"classes with fewer than 3 cases: {missing}"
-    assert len(CASES) >= 80
+def test_the_corpus_is_broad() -> None:
+    """At least 350 cases, every class at least 10, a third outside plain PyTorch on Docker or a
+    bare host, thin (one pasted line) and hard cases, four blind rounds of at least 40."""
+    data = [expected(c) for c in CASES]
+    counts = Counter(str(d["incident"]) for d in data)
+    missing = {i.value: counts.get(i.value, 0) for i in Incident if counts.get(i.value, 0) < 10}
+    assert not missing, f"classes with fewer than 10 cases: {missing}"
+    assert len(CASES) >= 350
+    other = [
+        d
+        for d in data
+        if not (d["stack"] == "pytorch" and d["orchestrator"] in ("docker", "bare-metal"))
+    ]
+    assert len(other) >= len(data) / 3
+    assert sum(bool(d["thin"]) for d in data) >= 50 and sum(bool(d["hard"]) for d in data) >= 50
+    rounds = Counter(int(d["round"]) for d in data)
+    assert all(rounds[r] >= 40 for r in (1, 2, 3, 4)), rounds
+    # A blind round never reuses a thread (round 0 has a few guides holding several outputs).
+    blind = [str(d["source"]) for d in data if int(d["round"]) > 0]
+    earlier = {str(d["source"]) for d in data if int(d["round"]) == 0}
+    assert len(blind) == len(set(blind)) and not earlier & set(blind)
+
+
+def test_packaged_similar_incidents_are_the_corpus() -> None:
+    """runbooks/knowledge/incidents.jsonl is tests/corpus, rebuilt by scripts/build_incidents.py."""
+    import subprocess
+    import sys
+
+    script = Path(__file__).parent.parent / "scripts" / "build_incidents.py"
+    proc = subprocess.run(
+        [sys.executable, str(script), "--check"], capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 0, proc.stderr
 
 
 def test_corpus_accuracy_at_least_95_percent() -> None:
@@ -51,7 +85,7 @@ def test_corpus_accuracy_at_least_95_percent() -> None:
     misses: list[str] = []
     for case in CASES:
         want = str(expected(case)["incident"])
-        have = classify_path(case).incident
+        have = classify_path(case, exclude={case.name}).incident
         truth.append(want)
         got.append(have)
         if want != have:

@@ -533,3 +533,96 @@ def test_cli_fix_writes_a_redacted_post_mortem(
     assert "| Outcome | **fixed** |" in text and "+ --shm-size 8g" in text
     assert "journal: verified" in text
     assert secret not in text and secret not in proc.stdout
+
+
+# -- issue 14: a container that neither has nor wants GPUs, on a host without GPUs --------------
+# The DataLoader's own messages (signatures.yaml examples, real): printed by the workload only
+# when its /dev/shm is too small for the batch it writes there.
+BUS_ERROR = "RuntimeError: DataLoader worker (pid 4143) is killed by signal: Bus error."
+SHM_HINT = (
+    "ERROR: Unexpected bus error encountered in worker. This might be caused by insufficient "
+    "shared memory (shm)."
+)
+DATALOADER_WORKLOAD = (
+    "dd if=/dev/zero of=/dev/shm/batch-0 bs=1M count=100 2>/dev/null "
+    f"|| {{ for i in 1 2 3; do echo '{BUS_ERROR}'; echo '{SHM_HINT}'; done; }}; " + IDLE
+)
+# A host without GPUs: this machine ("local": no nvidia-smi, no toolkit), with the lab's plain
+# engine as its Docker. Only the GPU commands are collected (this machine's own dmesg and df are
+# not part of the scenario).
+CPU_HOST_RUNBOOK = """
+name: cpu-host
+kind: incident
+host_sources:
+  - {name: nvidia-smi, path: nvidia-smi.txt, command: nvidia-smi}
+  - {name: nvidia-smi-list, path: commands/nvidia-smi-L.txt, command: nvidia-smi -L}
+  - name: container-toolkit
+    path: commands/container-toolkit.txt
+    command: nvidia-ctk --version 2>/dev/null || nvidia-container-cli --version
+container_probes: [torch, ulimit, shm, env, nvidia-smi-L]
+nccl_tests: false
+"""
+
+
+def busybox_on_cpu_host(
+    make_container: Any, name: str, plain_engine: docker.DockerClient, tmp_path: Path
+) -> tuple[Any, dict[str, str]]:
+    c = make_container(name, DATALOADER_WORKLOAD, engine=plain_engine, shm_size="64m")
+    deadline = time.monotonic() + 20
+    while BUS_ERROR not in c.logs().decode() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert c.attrs["HostConfig"].get("DeviceRequests") in (None, [])
+    book = tmp_path / "cpu-host.yaml"
+    book.write_text(CPU_HOST_RUNBOOK)
+    return c, {"CUDAMEDIC_RUNBOOK": str(book)}
+
+
+def test_busybox_bus_error_on_a_host_without_gpus_is_fixed_with_shm(
+    fix_settings: Settings,
+    make_container,
+    container_name: str,
+    lab: LabState,
+    plain_engine,
+    tmp_path: Path,
+) -> None:
+    """Our own `nvidia-smi -L` probe finding no nvidia-smi in a busybox is not a symptom: the
+    workload's Bus error and its 64 MiB /dev/shm are, and `fix --apply --yes` fixes it."""
+    c, extra = busybox_on_cpu_host(make_container, container_name, plain_engine, tmp_path)
+    env = {"CUDAMEDIC_DOCKER_HOST": lab.engines["plain"].url, **extra}
+    dry = run_cli(lab, fix_settings, "fix", "local", "--container", container_name, **env)
+    assert dry.returncode == 0, dry.stdout + dry.stderr
+    assert "diagnosis: shm-too-small" in dry.stdout, dry.stdout
+    assert "wants GPUs" not in dry.stdout and "whose GPUs work" not in dry.stdout
+    done = run_cli(
+        lab, fix_settings, "fix", "local", "--container", container_name, "--apply", "--yes", **env
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    new = plain_engine.containers.get(container_name)
+    assert new.id != c.id and new.status == "running"
+    assert new.attrs["HostConfig"]["ShmSize"] >= 1 << 30
+    assert new.attrs["HostConfig"].get("DeviceRequests") in (None, []), "no GPUs were added"
+    assert BUS_ERROR not in new.logs().decode()
+
+
+def test_a_mistyped_container_is_an_error_naming_the_containers_there(
+    fix_settings: Settings, make_container, container_name: str, lab: LabState, gpu_engine
+) -> None:
+    make_container(container_name, IDLE)
+    typo = container_name + "-nope"
+    for args in (
+        ("collect", "gpu-healthy", "--container", typo),
+        ("fix", "gpu-healthy", "--container", typo),
+        ("fix", "gpu-healthy", "--container", typo, "--apply", "--yes"),
+    ):
+        proc = run_cli(lab, fix_settings, *args)
+        assert proc.returncode == 2, (args, proc.stdout, proc.stderr)
+        assert f"no container named '{typo}'" in proc.stderr, proc.stderr
+        assert container_name in proc.stderr  # the containers that do exist
+        assert "cannot be reached" not in proc.stderr and "diagnosis:" not in proc.stdout
+        assert "Traceback" not in proc.stderr
+    # The bundle was still written, and classifying it is the same error.
+    bundles = sorted(fix_settings.out_dir.glob(f"gpu-healthy-{typo}-*"))
+    assert bundles
+    proc = run_cli(lab, fix_settings, "classify", str(bundles[0]))
+    assert proc.returncode == 2 and f"no container named '{typo}'" in proc.stderr
+    assert names_like(gpu_engine, container_name) == [container_name]

@@ -363,3 +363,40 @@ def test_sweep_survives_an_unreachable_host_and_garbage_inventory(
     (tmp_path / "bad.yaml").write_text("hosts: [1, 2")
     bad = cudamedic(env, "sweep", "--inventory", str(tmp_path / "bad.yaml"))
     assert bad.returncode == 2 and "Traceback" not in bad.stderr, bad.stderr
+
+
+def test_triage_fixes_the_busybox_bus_error_on_a_host_without_gpus(
+    env: dict[str, str],
+    make_container,
+    container_name: str,
+    lab: LabState,
+    plain_engine,
+    tmp_path: Path,
+) -> None:
+    from tests.test_fix import BUS_ERROR, busybox_on_cpu_host
+
+    c, extra = busybox_on_cpu_host(make_container, container_name, plain_engine, tmp_path)
+    env = {**env, "CUDAMEDIC_DOCKER_HOST": lab.engines["plain"].url, **extra}
+    done = cudamedic(
+        env, "triage", "local", "--container", container_name, "--apply", "--yes", "--no-input"
+    )
+    out = done.stdout + done.stderr
+    assert done.returncode == 0, out
+    assert field(out, "incident").startswith("shm-too-small"), out
+    assert field(out, "outcome").startswith("fixed"), out
+    new = plain_engine.containers.get(container_name)
+    assert new.id != c.id and new.attrs["HostConfig"]["ShmSize"] >= 1 << 30
+    assert BUS_ERROR not in new.logs().decode()
+    report = Path(field(out, "report")).read_text()
+    assert "wants GPUs" not in report and "whose GPUs work" not in report
+
+
+def test_triage_of_a_mistyped_container_is_an_error(
+    env: dict[str, str], make_container, container_name: str
+) -> None:
+    make_container(container_name, "sleep 60")
+    done = cudamedic(env, "triage", "gpu-healthy", "--container", container_name + "-nope")
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert f"no container named '{container_name}-nope'" in done.stderr
+    assert container_name in done.stderr and "Traceback" not in done.stderr
+    assert "incident:" not in done.stdout
