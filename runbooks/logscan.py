@@ -45,6 +45,7 @@ class Signature(Frozen):
     # capitals carry the meaning (a shell's "Killed" line).
     exact: bool = False
     example: str
+    source: str | None = Field(default=None, pattern=r"^https://\S+$")  # where it was seen
 
 
 class SignatureHits(BaseModel):

@@ -315,3 +315,26 @@ def test_evidence_is_shown_escaped_in_the_terminal(tmp_path: Path) -> None:
     text = render_text(d) + render_explain(d)
     assert "\x1b" not in text and "\r" not in text and "\x07" not in text
     assert to_json(d)["incident"] == "cuda-oom"
+
+
+def test_the_issue_families_name_where_they_were_seen() -> None:
+    from runbooks.logscan import signatures
+
+    families = {
+        "gsp-reset-required",
+        "devices-busy-unavailable",
+        "system-not-ready",
+        "ib-completion-error",
+        "nccl-ib-no-device",
+        "handle-init-failed",
+        "pin-host-memory",
+        "shell-killed",
+        "shell-bus-error",
+        "gpu-is-lost",
+        "kernel-dso-mismatch",
+        "nvml-rm-mismatch",
+    }
+    by_id = {s.id: s for s in signatures()}
+    missing = [f for f in sorted(families) if not (by_id[f].source or "").startswith("https://")]
+    assert not missing, missing
+    assert sum(1 for s in signatures() if s.source) >= 90
