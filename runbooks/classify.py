@@ -98,6 +98,19 @@ def diagnose(
             next_checks=knowledge.class_info(incident).next,
             **common,
         )
+    guess = word_guess(facts)
+    if guess is not None:
+        incident, words = guess
+        return Diagnosis(
+            incident=incident,
+            confidence=WORD_GUESS_CONFIDENCE,
+            summary=f"No known message matched. The words used ({', '.join(words[:4])}) point "
+            f"to {incident}: {explain(incident)} This is a guess, not a finding.",
+            evidence=tuple((facts.exceptions or error_lines(facts) or facts.errorish)[-3:]),
+            basis="keywords",
+            next_checks=knowledge.class_info(incident).next,
+            **common,
+        )
     evidence = tuple((facts.exceptions or error_lines(facts) or facts.errorish)[-3:])
     relevant = bool(evidence) or has_gpu_evidence(facts) or _kernel_gpu_lines(facts)
     if evidence:
@@ -125,6 +138,47 @@ def diagnose(
         next_checks=knowledge.class_info(Incident.UNKNOWN).next,
         **common,
     )
+
+
+WORD_GUESS_CONFIDENCE = 0.35
+WORD_GUESS_MIN = 2  # distinct class words in a longer text, and a lead over the runner-up
+
+
+def word_guess(facts: Facts) -> tuple[str, list[str]] | None:
+    """The class whose vocabulary (classes.yaml `words`) the evidence uses most, when no rule,
+    health evidence or close incident decided: at least WORD_GUESS_MIN distinct words and more
+    than any other class. A last resort, always reported as a guess."""
+    text = "\n".join(facts.salient).lower()
+    if not text.strip():
+        return None
+    scores: list[tuple[int, str, list[str]]] = []
+    for incident, info in knowledge.class_table().items():
+        found = [w for w in info.words if _word_in(w, text)]
+        if found:
+            scores.append((len(found), incident, found))
+    scores.sort(reverse=True)
+    # One pasted line may carry one telling word; a longer text must use at least two.
+    least = 1 if is_thin(facts) else WORD_GUESS_MIN
+    if not scores or scores[0][0] < least:
+        return None
+    if len(scores) > 1 and scores[1][0] >= scores[0][0]:
+        return None
+    return scores[0][1], scores[0][2]
+
+
+def _word_in(word: str, text: str) -> bool:
+    """A word or phrase, not inside a longer word (`ram` is not in `param`)."""
+    start = text.find(word)
+    while start >= 0:
+        end = start + len(word)
+        before = text[start - 1] if start else " "
+        after = text[end] if end < len(text) else " "
+        if not (word[0].isalnum() and before.isalnum()) and not (
+            word[-1].isalnum() and after.isalnum()
+        ):
+            return True
+        start = text.find(word, start + 1)
+    return False
 
 
 def _summary(match: Match) -> str:
@@ -302,6 +356,7 @@ def render_text(d: Diagnosis) -> str:
     label = {
         "thin-evidence": "  - a guess from pasted text",
         "similar-incidents": "  - a proposal from similar incidents",
+        "keywords": "  - a guess from the words used",
         "no-evidence": "  - nothing relevant seen",
     }
     out = [f"incident:   {d.incident}  (confidence {d.confidence:.2f}){label.get(d.basis, '')}"]

@@ -101,8 +101,9 @@ class SimilarIncident(Frozen):
 
 
 # How the diagnosis was reached: rules over the evidence, a guess from thin evidence (a pasted
-# line), the similar incidents alone (no rule fired), or nothing relevant was seen at all.
-Basis = Literal["evidence", "thin-evidence", "similar-incidents", "no-evidence"]
+# line), the similar incidents alone (no rule fired), the words used alone (no rule fired, no
+# close incident), or nothing relevant was seen at all.
+Basis = Literal["evidence", "thin-evidence", "similar-incidents", "keywords", "no-evidence"]
 
 
 class Diagnosis(Frozen):
@@ -123,7 +124,7 @@ class Diagnosis(Frozen):
     @property
     def guess(self) -> bool:
         """True when the class is a likely guess rather than a finding."""
-        return self.basis in ("thin-evidence", "similar-incidents")
+        return self.basis in ("thin-evidence", "similar-incidents", "keywords")
 
 
 class CreateSpec(Frozen):

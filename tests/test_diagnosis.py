@@ -338,3 +338,12 @@ def test_the_issue_families_name_where_they_were_seen() -> None:
     missing = [f for f in sorted(families) if not (by_id[f].source or "").startswith("https://")]
     assert not missing, missing
     assert sum(1 for s in signatures() if s.source) >= 90
+
+
+def test_when_nothing_else_decides_the_words_used_give_a_marked_guess(tmp_path: Path) -> None:
+    case = CORPUS / "memlock-limit--k8s-containerd-memlock-8mib-nonroot-ipc-lock-inert"
+    d = classify_path(case, exclude={case.name})
+    assert d.incident == "memlock-limit" and d.basis == "keywords", render_text(d)
+    assert d.guess and d.confidence < 0.5 and "a guess" in d.summary and d.next_checks
+    plain = classify_path(bundle(tmp_path, {"containers/app.log": "listening on :8080\n"}))
+    assert plain.incident == "unknown"  # no class's words: no guess

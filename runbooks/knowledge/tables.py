@@ -210,6 +210,7 @@ class ClassInfo(Frozen):
 
     explain: str
     next: tuple[str, ...] = ()
+    words: tuple[str, ...] = ()  # what people write about it (a last-resort guess), lower case
 
 
 # --- loading -----------------------------------------------------------------------------------
