@@ -69,6 +69,26 @@ def one_line(text: str) -> str:
     return " ".join(text.split())
 
 
+_MD_SPECIAL = re.compile(r"([\\`*_{}\[\]()<>#+!|~=])")
+_CONTROL = {c: f"\\x{c:02x}" for c in (*range(0, 9), *range(11, 32), 127)}
+
+
+def inert(text: str) -> str:
+    """Text from a target (logs, names, messages) made inert in Markdown: one line, control
+    characters shown escaped, every Markdown/HTML special character backslash-escaped, so no
+    image, link, raw HTML, heading or table cell can be formed by it."""
+    flat = one_line(text.replace("\r", " "))
+    return _MD_SPECIAL.sub(r"\\\1", flat.translate(_CONTROL))
+
+
+def code(text: str) -> str:
+    """Text as an inline code span (inert in Markdown): one line, control characters escaped,
+    delimited by more backticks than any run inside."""
+    flat = one_line(text.replace("\r", " ")).translate(_CONTROL)
+    ticks = "`" * (max((len(m) for m in re.findall(r"`+", flat)), default=0) + 1)
+    return f"{ticks} {flat} {ticks}"
+
+
 @cache
 def _env() -> jinja2.Environment:
     env = jinja2.Environment(
@@ -81,6 +101,8 @@ def _env() -> jinja2.Environment:
     )
     env.filters["fence"] = fence
     env.filters["one_line"] = one_line
+    env.filters["inert"] = inert
+    env.filters["code"] = code
     return env
 
 

@@ -17,7 +17,7 @@ from runbooks.facts import Facts, origin_of
 from runbooks.fixes import propose_fix
 from runbooks.logscan import signatures
 from runbooks.model import Diagnosis, Line, Match, SimilarIncident
-from runbooks.rules import DEFAULT_SHM, PRIORITY, STRONG, rank, run_rules
+from runbooks.rules import DEFAULT_SHM, PRIORITY, STRONG, exclusive_mode_gpus, rank, run_rules
 from runbooks.similar import SimilarIndex, cite, index_for, propose
 from runbooks.taxonomy import Incident
 
@@ -81,6 +81,19 @@ def diagnose(
             summary=f"{explain(Incident.HEALTHY)} What shows it working: "
             + "; ".join(ln.text.strip()[:120] for ln in healthy_lines[:2]),
             evidence=tuple(healthy_lines),
+            **common,
+        )
+    exclusive = exclusive_mode_gpus(facts)
+    if exclusive:
+        return Diagnosis(
+            incident=Incident.UNKNOWN,
+            confidence=0.5,
+            summary="CUDA reports the devices busy or unavailable while the GPU is in an "
+            "exclusive (or prohibited) compute mode: another process holds it. That is a "
+            "setting, not a failing GPU: find the process (nvidia-smi), or reset the mode with "
+            "`nvidia-smi -c 0`.",
+            evidence=tuple(exclusive[:3]),
+            next_checks=("nvidia-smi -q -d COMPUTE; nvidia-smi (which process holds the GPU).",),
             **common,
         )
     proposal = propose(neighbours) if facts.text_bytes else None

@@ -17,11 +17,11 @@ import shlex
 import time
 from collections.abc import Iterator
 from datetime import UTC, datetime
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 from runbooks import __version__, names
-from runbooks.bundle import BundleMeta, SourceResult, dumps_json
+from runbooks.bundle import BundleMeta, SourceResult, dumps_json, in_layout
 from runbooks.errors import ContainerNotFound, CudamedicError, InputError, TargetError
 from runbooks.evidence.docker_inspect import facts_from_dict
 from runbooks.evidence.nvidia_smi import parse_nvidia_smi
@@ -48,6 +48,18 @@ class _Writer:
         self.sources: list[SourceResult] = []
         self.findings: list[Finding] = []
 
+    def _path(self, rel: str) -> Path:
+        """The file for a bundle-relative path; never anywhere but inside the bundle (names
+        come from the target, which may be hostile)."""
+        parts = PurePosixPath(rel).parts
+        if not in_layout(rel) or any(p in ("", ".", "..") for p in parts) or "\\" in rel:
+            raise InputError(f"refused to write {names.display(rel)!r}: not a bundle path")
+        path = self.root.joinpath(*parts)
+        if self.root.resolve() not in path.resolve().parents:
+            raise InputError(f"refused to write {names.display(rel)!r}: outside the bundle")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        return path
+
     def text(self, rel: str, data: bytes | str) -> None:
         if isinstance(data, bytes):
             try:
@@ -65,14 +77,10 @@ class _Writer:
         else:
             raw = data
         clean = redact_text(raw)
-        path = self.root / rel
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(clean.encode("utf-8", errors="surrogateescape"))
+        self._path(rel).write_bytes(clean.encode("utf-8", errors="surrogateescape"))
 
     def json(self, rel: str, data: Any) -> None:
-        path = self.root / rel
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(dumps_json(redact_json(data)), encoding="utf-8")
+        self._path(rel).write_text(dumps_json(redact_json(data)), encoding="utf-8")
 
     def add(self, result: SourceResult) -> None:
         self.sources.append(result)
@@ -209,8 +217,28 @@ def _select_containers(engine: DockerEngine, writer: _Writer) -> list[str]:
             and now - _parse_time(facts.finished_at) < _RECENT_EXIT_S
         )
         if facts.running or recent_failure:
-            chosen.append(facts.name or cid[:12])
-    return sorted(chosen)
+            chosen.append(_safe_name(facts.name, cid, writer))
+    return sorted(n for n in chosen if n)
+
+
+def _safe_name(name: str | None, cid: str, writer: _Writer) -> str:
+    """The container's name if it is a valid Docker name, else its short id: the name becomes a
+    file name in the bundle, and an engine on a compromised host can send any string."""
+    try:
+        return names.container_name(name or "")
+    except InputError:
+        pass
+    short = cid[:12] if len(cid) >= 12 and all(c in "0123456789abcdef" for c in cid) else ""
+    writer.findings.append(
+        Finding(
+            code="container-name-refused",
+            severity="warning",
+            message=f"the engine named a container {names.display(name or '')!r}, which is not "
+            f"a valid container name; "
+            + (f"collected as {short}" if short else "not collected (no valid id either)"),
+        )
+    )
+    return short
 
 
 def _parse_time(value: str) -> float:

@@ -162,9 +162,11 @@ def _scan_kind(rel: str, collected: frozenset[str] = frozenset()) -> Where | Non
         return None
     if rel == "dmesg.txt":
         return "kernel"
-    if rel in ("nvidia-smi.txt", "nccl-tests.txt") or rel in collected:
+    if rel == "nvidia-smi.txt" or rel in collected:
         return "smi"
-    if rel.startswith("commands/") or rel.endswith((".exec-nvidia-smi.txt", "-smi-L.txt")):
+    if rel.startswith("commands/") or rel == "nccl-tests.txt":
+        return "command"
+    if rel.endswith((".exec-nvidia-smi.txt", "-smi-L.txt")):
         return "command"
     return "log"
 

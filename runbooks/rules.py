@@ -264,11 +264,7 @@ def gpu_hardware_fault(facts: Facts) -> Match | None:
     if match is not None and set(match.reason.removeprefix("matched ").split(", ")) == {
         "devices-busy-unavailable"
     }:
-        exclusive = [
-            g.line
-            for g in (facts.smi.gpus if facts.smi else ())
-            if g.line is not None and (g.compute_mode or "").startswith(("E.", "Prohibited"))
-        ]
+        exclusive = exclusive_mode_gpus(facts)
         if exclusive and not lines:
             # Another process holds an exclusive-mode GPU: a setting, not a failing device.
             return match.model_copy(
@@ -288,6 +284,18 @@ def gpu_hardware_fault(facts: Facts) -> Match | None:
         )
         return match.model_copy(update={"evidence": kept}) if kept else None
     return _boost(match, Incident.GPU_HARDWARE_FAULT, best, lines, "; ".join(reasons))
+
+
+def exclusive_mode_gpus(facts: Facts) -> list[Line]:
+    """GPUs in an exclusive or prohibited compute mode (nvidia-smi), when CUDA says the devices
+    are busy or unavailable: another process holds them, by configuration."""
+    if not hits(facts, ["devices-busy-unavailable"]):
+        return []
+    return [
+        g.line
+        for g in (facts.smi.gpus if facts.smi else ())
+        if g.line is not None and (g.compute_mode or "").startswith(("E.", "Prohibited"))
+    ]
 
 
 _XID_CODE = re.compile(r"Xid\s*(?:\(PCI:[^)]*\))?[\s:,]*(\d{1,3})\b")
@@ -526,6 +534,31 @@ def host_oom_killed(facts: Facts) -> Match | None:
 @rule(Incident.CPU_ONLY_BUILD)
 def cpu_only_build(facts: Facts) -> Match | None:
     match = sig_match(facts, Incident.CPU_ONLY_BUILD)
+    unavailable = _cuda_unavailable_lines(facts)
+    given = [
+        c for c in facts.containers.values() if c.inspect is not None and c.inspect.has_gpu_access
+    ]
+    driver_trouble = hits(
+        facts,
+        [
+            *class_sigs(Incident.DRIVER_NOT_LOADED),
+            *class_sigs(Incident.DRIVER_LIBRARY_MISMATCH),
+            *class_sigs(Incident.DRIVER_TOO_OLD),
+            *class_sigs(Incident.CONTAINER_TOOLKIT_MISSING),
+        ],
+    )
+    if unavailable and given and not driver_trouble:
+        # The container has its GPUs, the driver says nothing wrong, yet the framework sees none:
+        # the framework build in the image cannot use them.
+        c = given[0]
+        return _boost(
+            match,
+            Incident.CPU_ONLY_BUILD,
+            0.7,
+            [_inspect_line(c, "DeviceRequests"), *unavailable[:2]],
+            f"{c.name} was given GPUs, yet the framework reports none available and no driver "
+            "or toolkit error was seen",
+        )
     for report in facts.env_reports:
         if report.built_without_cuda:
             return _boost(
@@ -593,7 +626,10 @@ def gpu_not_requested(facts: Facts) -> Match | None:
         if host_has_gpus(facts):
             reason += f"; the host's nvidia-smi lists {facts.host_gpu_count} working GPU(s)"
         return _boost(symptoms, Incident.GPU_NOT_REQUESTED, confidence, lines, reason)
-    if symptoms is None and unavailable:
+    gpu_containers = [
+        c for c in facts.containers.values() if c.inspect is not None and c.inspect.has_gpu_access
+    ]
+    if symptoms is None and unavailable and not gpu_containers:
         # Only `torch.cuda.is_available()` -> False: the commonest cause, but a guess.
         return Match(
             incident=Incident.GPU_NOT_REQUESTED,

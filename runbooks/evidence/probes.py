@@ -305,6 +305,7 @@ _BARE_CPU_VERSION = re.compile(r"^['\"(]?(?P<v>\d+\.\d+(?:\.\d+)?\+cpu)['\")]?$"
 _IS_AVAILABLE_CALL = re.compile(
     r"is_available\(\)[)\"'\s]*(?:->|=|:|returns?|is)?\s*(?P<v>True|False)?[\s\"')]*$"
 )
+ANSWER_WITHIN = 50  # lines between `print(...is_available())` and its True/False
 _NVCC = re.compile(r"Cuda compilation tools, release (?P<v>\d+\.\d+)")
 
 
@@ -320,11 +321,14 @@ def parse_env_report(text: str, source: str) -> EnvReport:
         if not line:
             continue
         if pending_call is not None:
+            # The answer is the next line that is only True/False (log lines may come first).
             answer = line.lstrip(">.# ").strip()
             if answer in ("True", "False"):
                 available = answer == "True"
                 cited.append(Line(source=source, line=number, text=line))
-            pending_call = None
+                pending_call = None
+            elif number - pending_call > ANSWER_WITHIN:
+                pending_call = None
         if (m := _ENV_BUILT.search(line)) is not None:
             value = m["v"]
             if value in ("None", "N/A"):
@@ -359,7 +363,9 @@ def parse_env_report(text: str, source: str) -> EnvReport:
                 built = built or f"{digits[:-1]}.{digits[-1]}"
             cited.append(Line(source=source, line=number, text=line))
             continue
-        if "is_available()" in line and (m := _IS_AVAILABLE_CALL.search(line)) is not None:
+        if ("is_available()" in line or "is_gpu_available()" in line) and (
+            m := _IS_AVAILABLE_CALL.search(line.replace("is_gpu_available()", "is_available()"))
+        ) is not None:
             if m["v"] is None:
                 pending_call = number
             else:

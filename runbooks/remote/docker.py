@@ -136,6 +136,13 @@ class DockerEngine:
             raise EngineError(f"{self.where}: {what}: {exc}") from None
         except (paramiko.SSHException, OSError) as exc:
             raise HostUnreachable(f"{self.where}: Docker over SSH failed ({what}): {exc}") from None
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            # docker-py reads fields of the engine's answers (e.g. Config.Tty before logs): an
+            # engine on a broken or compromised host can leave them out or mistype them.
+            raise EngineError(
+                f"{self.where}: {what}: malformed answer from the engine "
+                f"({type(exc).__name__}: {str(exc)[:100]})"
+            ) from None
 
     def info(self) -> dict[str, Any]:
         return self._call("info", self.api.info)
