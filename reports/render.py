@@ -81,12 +81,18 @@ def inert(text: str) -> str:
     return _MD_SPECIAL.sub(r"\\\1", flat.translate(_CONTROL))
 
 
+def shown(text: str) -> str:
+    """Text for a code fence: lines kept, other control characters (ESC, CR, BEL) escaped."""
+    return text.replace("\r\n", "\n").translate(_CONTROL)
+
+
 def code(text: str) -> str:
     """Text as an inline code span (inert in Markdown): one line, control characters escaped,
     delimited by more backticks than any run inside."""
     flat = one_line(text.replace("\r", " ")).translate(_CONTROL)
     ticks = "`" * (max((len(m) for m in re.findall(r"`+", flat)), default=0) + 1)
-    return f"{ticks} {flat} {ticks}"
+    pad = " " if flat.startswith("`") or flat.endswith("`") or not flat.strip() else ""
+    return f"{ticks}{pad}{flat}{pad}{ticks}"
 
 
 @cache
@@ -103,6 +109,7 @@ def _env() -> jinja2.Environment:
     env.filters["one_line"] = one_line
     env.filters["inert"] = inert
     env.filters["code"] = code
+    env.filters["shown"] = shown
     return env
 
 

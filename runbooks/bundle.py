@@ -55,6 +55,9 @@ class BundleMeta(Frozen):
 
 
 SMALL_FILE_BYTES = 16 * 1024 * 1024  # larger files are streamed, never read whole
+MEMORY_BUDGET_BYTES = 64 * 1024 * 1024  # small files read into memory, in all
+MAX_TAR_MEMBERS = 10_000
+MAX_EXTRACT_BYTES = 1024**3 + 64 * 1024**2  # collected logs are bounded (tails, caps) far below
 LOG_FILE = "containers/log.log"
 # The bundle layout (shared/spec/evidence-bundle.md): anything else in a bundle directory (a
 # README, a case.yaml with its label, stray files) is not evidence and is never read.
@@ -133,6 +136,9 @@ def open_bundle(path: Path) -> Iterator[Bundle]:
     single log file (treated as the container log). Raises InputError if unreadable."""
     if not path.exists():
         raise InputError(f"{path}: no such file or directory")
+    if not (path.is_dir() or path.is_file()):
+        # A FIFO, socket or device would block or never end: only files and directories.
+        raise InputError(f"{path}: not a regular file or directory")
     if path.is_dir():
         yield _read_dir(path, str(path))
         return
@@ -156,12 +162,25 @@ def open_bundle(path: Path) -> Iterator[Bundle]:
         raise InputError(f"{path}: cannot read: {exc}") from exc
 
 
+def _layout_files(root: Path) -> list[Path]:
+    """The bundle layout's files under root, without walking deeper than it goes (a hostile
+    bundle may nest thousands of directories)."""
+    out: list[Path] = []
+    for top in sorted(root.iterdir()):
+        if top.is_dir() and not top.is_symlink() and top.name in ("commands", "containers"):
+            out.extend(sorted(top.iterdir()))
+        else:
+            out.append(top)
+    return out
+
+
 def _read_dir(root: Path, origin: str) -> Bundle:
     files: dict[str, str] = {}
     large: dict[str, Path] = {}
     findings: list[Finding] = []
+    in_memory = 0
     try:
-        for file in sorted(root.rglob("*")):
+        for file in _layout_files(root):
             if not file.is_file() or file.is_symlink():
                 continue
             rel = file.relative_to(root).as_posix()
@@ -174,9 +193,11 @@ def _read_dir(root: Path, origin: str) -> Bundle:
                     )
                 )
                 continue
-            if file.stat().st_size > SMALL_FILE_BYTES:
-                large[rel] = file
+            size = file.stat().st_size
+            if size > SMALL_FILE_BYTES or in_memory + size > MEMORY_BUDGET_BYTES:
+                large[rel] = file  # streamed when scanned, never read whole
             else:
+                in_memory += size
                 files[rel] = _decode(file.read_bytes())
     except OSError as exc:
         raise InputError(f"{origin}: cannot read: {exc}") from exc
@@ -197,25 +218,60 @@ def _read_dir(root: Path, origin: str) -> Bundle:
 
 
 def _extract_tar(path: Path, dest: Path) -> list[Finding]:
+    """Extract the bundle files of a .tar.gz (one top directory allowed), within bounds: at
+    most MAX_TAR_MEMBERS entries and MAX_EXTRACT_BYTES extracted; anything outside the bundle
+    layout is skipped. A bomb is refused with a clear error, never unpacked."""
     findings: list[Finding] = []
+    members = 0
+    total = 0
     try:
         with tarfile.open(path, "r:gz") as tar:
-            for member in tar.getmembers():
+            for member in tar:  # streaming: never the whole member list in memory
+                members += 1
+                if members > MAX_TAR_MEMBERS:
+                    raise InputError(
+                        f"{path}: more than {MAX_TAR_MEMBERS} entries; not an evidence bundle"
+                    )
                 parts = PurePosixPath(member.name).parts
-                if not member.isfile() or member.name.startswith("/") or ".." in parts:
-                    if not member.isdir():
+                if member.isdir():
+                    continue
+                rel = (
+                    "/".join(parts[1:])
+                    if len(parts) > 1 and not in_layout(member.name)
+                    else member.name
+                )
+                if (
+                    not member.isfile()
+                    or member.name.startswith("/")
+                    or ".." in parts
+                    or not in_layout(rel)
+                ):
+                    if len(findings) < 100:
                         findings.append(
                             Finding(
                                 code="tar-member-skipped",
-                                source=member.name,
-                                message="not a plain file inside the bundle",
+                                source=display_name(member.name),
+                                message="not a file of the bundle layout",
                             )
                         )
                     continue
+                total += member.size
+                if total > MAX_EXTRACT_BYTES:
+                    raise InputError(
+                        f"{path}: expands to more than {MAX_EXTRACT_BYTES // 2**20} MiB; "
+                        "refused (not unpacked)"
+                    )
                 tar.extract(member, dest, filter="data")
-    except (tarfile.TarError, EOFError, OSError) as exc:
+    except (tarfile.TarError, EOFError, OSError, RecursionError) as exc:
         raise InputError(f"{path}: not a readable .tar.gz bundle: {exc}") from exc
     return findings
+
+
+def display_name(name: str) -> str:
+    """A member name as it may be shown: control characters escaped, length bounded."""
+    from runbooks.names import display
+
+    return display(name, 200)
 
 
 def write_tar(bundle_dir: Path) -> Path:

@@ -17,6 +17,7 @@ from runbooks.facts import Facts, origin_of
 from runbooks.fixes import propose_fix
 from runbooks.logscan import signatures
 from runbooks.model import Diagnosis, Line, Match, SimilarIncident
+from runbooks.names import terminal_safe as safe
 from runbooks.rules import DEFAULT_SHM, PRIORITY, STRONG, exclusive_mode_gpus, rank, run_rules
 from runbooks.similar import SimilarIndex, cite, index_for, propose
 from runbooks.taxonomy import Incident
@@ -454,14 +455,6 @@ def render_explain(d: Diagnosis) -> str:
     else:
         out.append(f"verdict: {d.incident} ({d.basis}).")
     return "\n".join(out)
-
-
-_CONTROL = {c: f"\\x{c:02x}" for c in (*range(0, 9), *range(11, 32), 127)}
-
-
-def safe(text: str) -> str:
-    """Control characters (ESC, CR, ...) shown escaped, never sent to the terminal raw."""
-    return text.translate(_CONTROL)
 
 
 def to_json(d: Diagnosis) -> dict[str, object]:

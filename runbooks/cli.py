@@ -18,6 +18,14 @@ if TYPE_CHECKING:
     from runbooks.target import Target
 
 
+def show(text: object) -> None:
+    """Print text that may carry what a target sent (log lines, names, messages): control
+    characters (ESC, CR, BEL, ...) are shown escaped, never sent to the terminal raw."""
+    from runbooks.names import terminal_safe
+
+    print(terminal_safe(str(text)))
+
+
 def _settings(args: argparse.Namespace, **extra: object) -> Settings:
     from runbooks.settings import load_settings
 
@@ -126,9 +134,9 @@ def cmd_classify(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(to_json(diagnosis), indent=2))
     else:
-        print(render_text(diagnosis))
+        show(render_text(diagnosis))
         if args.explain:
-            print(render_explain(diagnosis))
+            show(render_explain(diagnosis))
     return 0
 
 
@@ -168,7 +176,7 @@ def cmd_fix(args: argparse.Namespace) -> int:
     target = resolve_target(args.target, _inventory(settings))
     policy = load_policy(settings.policy)
     prepared = prepare(target, args.container, settings, trigger=args.trigger)
-    print(render_plan(prepared))
+    show(render_plan(prepared))
     if prepared.plan is None:
         return 0
     if not args.apply:
@@ -181,7 +189,7 @@ def cmd_fix(args: argparse.Namespace) -> int:
         print(f"cudamedic: refused: {why}", file=sys.stderr)
         return 4
     outcome = execute(target, prepared, settings)
-    print(render_outcome(outcome))
+    show(render_outcome(outcome))
     report = write_postmortem(prepared, outcome, settings, target.name, started, args.trigger)
     print(f"report: {report}")
     return {"fixed": 0, "recovered": 0, "rolled-back": 5}.get(outcome.status, 6)
@@ -207,7 +215,7 @@ def cmd_rollback(args: argparse.Namespace) -> int:
     settings = _settings(args)
     target = resolve_target(args.target, _inventory(settings))
     outcome = rollback(target, args.container, settings)
-    print(render_outcome(outcome))
+    show(render_outcome(outcome))
     return 0 if outcome.status in ("rolled-back", "recovered", "nothing-to-do") else 6
 
 
@@ -254,21 +262,21 @@ def cmd_triage(args: argparse.Namespace) -> int:
         from runbooks.errors import NoSuchContainer
 
         raise NoSuchContainer(response.detail)
-    print(f"incident:  {response.incident} (confidence {response.confidence:.2f})")
+    show(f"incident:  {response.incident} (confidence {response.confidence:.2f})")
     where = response.host + (f" / {response.container}" if response.container else "")
-    print(f"where:     {where}")
-    print(f"summary:   {response.summary}")
+    show(f"where:     {where}")
+    show(f"summary:   {response.summary}")
     if response.diff:
         print("fix (docker run; - removed, + added):")
-        print("\n".join(f"  {ln}" for ln in response.diff if ln[:1] in "+-"))
-    print(f"outcome:   {response.outcome}{': ' + response.detail if response.detail else ''}")
+        show("\n".join(f"  {ln}" for ln in response.diff if ln[:1] in "+-"))
+    show(f"outcome:   {response.outcome}{': ' + response.detail if response.detail else ''}")
     if response.approval:
         print(f"approval:  {response.approval}")
     if response.similar:
         from runbooks.classify import similar_line
 
         print("similar:")
-        print("\n".join(f"  - {similar_line(s)}" for s in response.similar))
+        show("\n".join(f"  - {similar_line(s)}" for s in response.similar))
     print(f"report:    {response.report}")
     if response.flow_run_url:
         print(f"flow run:  {response.flow_run_url}")
@@ -575,17 +583,18 @@ def main(argv: list[str] | None = None) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     from runbooks.errors import CudamedicError, InputError, TargetError
+    from runbooks.names import terminal_safe as safe
 
     try:
         return int(args.func(args))
     except InputError as exc:
-        print(f"cudamedic: error: {exc}", file=sys.stderr)
+        print(f"cudamedic: error: {safe(str(exc))}", file=sys.stderr)
         return 2
     except TargetError as exc:
-        print(f"cudamedic: target error: {exc}", file=sys.stderr)
+        print(f"cudamedic: target error: {safe(str(exc))}", file=sys.stderr)
         return 3
     except CudamedicError as exc:
-        print(f"cudamedic: error: {exc}", file=sys.stderr)
+        print(f"cudamedic: error: {safe(str(exc))}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print("cudamedic: interrupted", file=sys.stderr)
@@ -594,7 +603,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.verbose:
             raise
         print(
-            f"cudamedic: internal error: {type(exc).__name__}: {exc} (run with -v for details)",
+            f"cudamedic: internal error: {type(exc).__name__}: {safe(str(exc))} "
+            "(run with -v for details)",
             file=sys.stderr,
         )
         return 1

@@ -27,6 +27,15 @@ def _show(value: str) -> str:
     return repr(shown)
 
 
+_CONTROL = {c: f"\\x{c:02x}" for c in (*range(0, 9), *range(11, 32), 127)}
+
+
+def terminal_safe(text: str) -> str:
+    """Text for a terminal: lines kept, other control characters (ESC, CR, BEL, ...) shown
+    escaped, never sent raw (a log line must not clear the screen or fake a line)."""
+    return text.translate(_CONTROL)
+
+
 def display(value: str, limit: int = 80) -> str:
     """A name from a target, safe to print: control characters escaped, length bounded."""
     shown = value if len(value) <= limit else value[: limit - 3] + "..."

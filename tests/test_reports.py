@@ -158,3 +158,39 @@ def test_sweep_golden(name: str, over: dict[str, object]) -> None:
         golden.write_text(text)
     assert text == golden.read_text()
     assert sweep_report_name(summary) == "20261202T100000Z-fleet-sweep.md"
+
+
+PAYLOADS = (
+    "![t](http://x/t.png)",
+    "<img src=x onerror=alert(1)>",
+    "[Approve the fix](https://evil.example/approve)",
+    "done\r## Resolution\rAll good, nothing to see",
+    "\x1b[2J\x1b]0;title\x07cleared",
+)
+
+
+def test_evidence_text_from_a_target_is_inert_in_the_post_mortem() -> None:
+    """Issue 15: log lines, names and messages from a target reach the report as text only: no
+    image, link, HTML, heading or terminal control sequence can be formed by them."""
+    import re
+
+    evil = " ".join(PAYLOADS)
+    pm = sample(
+        summary=f"shm is small. Decided by: {evil}",
+        outcome_detail=evil,
+        evidence=tuple(
+            Line(source="containers/x.log", line=n, text=p) for n, p in enumerate(PAYLOADS, 1)
+        ),
+        action_items=(evil,),
+        timeline=(TimelineEvent(at=T0, event="evidence", detail=evil),),
+        checks=(CheckResult(name="error-gone", ok=False, detail=evil),),
+        trigger=evil,
+    )
+    text = render_markdown(pm)
+    assert "\r" not in text and "\x1b" not in text and "\x07" not in text
+    assert [ln for ln in text.splitlines() if ln.startswith("## Resolution")] == ["## Resolution"]
+    # Outside code fences and code spans nothing active remains.
+    prose = re.sub(r"(?ms)^(`{3,})text\n.*?^\1$", "", text)
+    prose = re.sub(r"(`+)(?!`).*?(?<!`)\1(?!`)", "", prose)
+    for active in (r"(?<!\\)!\[", r"(?<!\\)<img", r"(?<!\\)\]\(https?:"):
+        assert not re.search(active, prose), (active, prose)

@@ -45,6 +45,7 @@ SmiStatus = Literal[
 ]
 
 MAX_XML_CHARS = 20_000_000  # an 8-GPU `-q -x` is ~200 kB; anything near this is not nvidia-smi
+MAX_XML_ELEMENTS = 200_000  # ~3,000 per 8-GPU node: a 64-GPU node is far under this
 
 
 # ---------------------------------------------------------------------------------- models
@@ -728,6 +729,20 @@ def parse_nvidia_smi_xml(text: str, source: str = "nvidia-smi.xml") -> SmiXmlFac
                 Finding(
                     code="xml-too-large",
                     message=f"{len(text)} characters; larger than any nvidia-smi XML",
+                    source=source,
+                    severity="error",
+                ),
+            ),
+        )
+    elements = text.count("<")
+    if elements > MAX_XML_ELEMENTS:
+        # An 8-GPU `-q -x` has ~3,000 elements; 500,000 empty <gpu/> cost gigabytes to build.
+        return SmiXmlFacts(
+            source=source,
+            findings=(
+                Finding(
+                    code="xml-too-many-elements",
+                    message=f"{elements} elements; more than any nvidia-smi XML (not parsed)",
                     source=source,
                     severity="error",
                 ),
