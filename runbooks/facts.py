@@ -257,26 +257,24 @@ def gather(bundle: Bundle) -> Facts:
     return facts
 
 
-def _errorish(text: str, source: str, total: int, keep: int = 2) -> list[Line]:
+def _cited(text: str, source: str, total: int) -> list[Line]:
+    """The non-empty lines of a log's text as cited lines (a large log's text is only its
+    tail: numbering continues from the log's real line count)."""
     lines = text.splitlines()
     first = max(total, len(lines)) - len(lines) + 1
-    found = [
-        Line(source=source, line=first + i, text=ln.strip()[:300])
-        for i, ln in enumerate(lines)
-        if ERRORISH.search(ln)
-    ]
-    return found[-keep:]
-
-
-def _tail_lines(text: str, source: str, total: int, keep: int = 5) -> tuple[Line, ...]:
-    lines = text.splitlines()
-    first = max(total, len(lines)) - len(lines) + 1  # a large log's text is only its tail
-    out = [
+    return [
         Line(source=source, line=first + i, text=ln.strip()[:300])
         for i, ln in enumerate(lines)
         if ln.strip()
     ]
-    return tuple(out[-keep:])
+
+
+def _errorish(text: str, source: str, total: int, keep: int = 2) -> list[Line]:
+    return [ln for ln in _cited(text, source, total) if ERRORISH.search(ln.text)][-keep:]
+
+
+def _tail_lines(text: str, source: str, total: int, keep: int = 5) -> tuple[Line, ...]:
+    return tuple(_cited(text, source, total)[-keep:])
 
 
 _INSPECT_KEYS = (
