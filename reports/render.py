@@ -69,7 +69,9 @@ def one_line(text: str) -> str:
     return " ".join(text.split())
 
 
-_MD_SPECIAL = re.compile(r"([\\`*_{}\[\]()<>#+!|~=])")
+# What can make Markdown/HTML out of text: emphasis, code, links and images ([ ] !), raw HTML
+# (< >), headings (#), table cells (|), strikethrough (~) and the escape itself.
+_MD_SPECIAL = re.compile(r"([\\`*_\[\]<>#!|~])")
 _CONTROL = {c: f"\\x{c:02x}" for c in (*range(0, 9), *range(11, 32), 127)}
 
 

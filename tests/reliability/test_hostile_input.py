@@ -2171,6 +2171,7 @@ def test_templates_never_evaluate_input_and_slack_escapes_it() -> None:
         SweepSummary,
         render_markdown,
         render_sweep,
+        shown,
     )
     from reports.slack import approval_blocks, progress, summary_blocks, sweep_blocks
 
@@ -2237,12 +2238,13 @@ def test_templates_never_evaluate_input_and_slack_escapes_it() -> None:
             assert "{{ 7*7 }}" in markdown
         # Slack: no input can ping a channel, mention someone, or form a link
         assert "<" not in slack_text and ">" not in slack_text
-        # the pasted trigger sits in a fence longer than any backtick run it holds
+        # the pasted trigger sits in a fence longer than any backtick run it holds, its control
+        # characters shown escaped
         trigger = fields["trigger"]
         if trigger:
             longest = max((len(run) for run in re.findall(r"`+", trigger)), default=0)
             fence = "`" * max(3, longest + 1)
-            assert f"{fence}text\n{trigger}\n{fence}\n" in markdown
+            assert f"{fence}text\n{shown(trigger)}\n{fence}\n" in markdown
 
     try:
         fuzz.run(inner)
