@@ -21,6 +21,7 @@ from pydantic import Field, ValidationError
 
 from runbooks.errors import InputError
 from runbooks.model import Finding, Frozen
+from runbooks.names import display
 
 SCHEMA_VERSION = 1
 SourceStatus = Literal["ok", "failed", "timeout", "error", "skipped"]
@@ -250,7 +251,7 @@ def _extract_tar(path: Path, dest: Path) -> list[Finding]:
                         findings.append(
                             Finding(
                                 code="tar-member-skipped",
-                                source=display_name(member.name),
+                                source=display(member.name, 200),
                                 message="not a file of the bundle layout",
                             )
                         )
@@ -265,13 +266,6 @@ def _extract_tar(path: Path, dest: Path) -> list[Finding]:
     except (tarfile.TarError, EOFError, OSError, RecursionError) as exc:
         raise InputError(f"{path}: not a readable .tar.gz bundle: {exc}") from exc
     return findings
-
-
-def display_name(name: str) -> str:
-    """A member name as it may be shown: control characters escaped, length bounded."""
-    from runbooks.names import display
-
-    return display(name, 200)
 
 
 def write_tar(bundle_dir: Path) -> Path:

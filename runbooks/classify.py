@@ -18,7 +18,15 @@ from runbooks.fixes import propose_fix
 from runbooks.logscan import signatures
 from runbooks.model import Diagnosis, Line, Match, SimilarIncident
 from runbooks.names import terminal_safe as safe
-from runbooks.rules import DEFAULT_SHM, PRIORITY, STRONG, exclusive_mode_gpus, rank, run_rules
+from runbooks.rules import (
+    LOW_MEMLOCK_KB,
+    PRIORITY,
+    STRONG,
+    exclusive_mode_gpus,
+    rank,
+    run_rules,
+    small_shm,
+)
 from runbooks.similar import SimilarIndex, cite, index_for, propose
 from runbooks.taxonomy import Incident
 
@@ -73,8 +81,9 @@ def diagnose(
             else (),
             **common,
         )
+    errors = error_lines(facts)
     healthy_lines = health_evidence(facts)
-    if healthy_lines and not facts.exceptions and not error_lines(facts):
+    if healthy_lines and not facts.exceptions and not errors:
         kinds = {ln.source.rsplit(".", 1)[0] for ln in healthy_lines}
         return Diagnosis(
             incident=Incident.HEALTHY,
@@ -107,12 +116,13 @@ def diagnose(
             summary=f"No rule matched. The most similar known incidents point to {incident}: "
             f"{explain(incident)} This is a proposal from similar incidents, not a finding "
             f"(closest: {first.source}).",
-            evidence=tuple((facts.exceptions or error_lines(facts))[-3:]),
+            evidence=tuple((facts.exceptions or errors)[-3:]),
             basis="similar-incidents",
             next_checks=knowledge.class_info(incident).next,
             **common,
         )
-    guess = word_guess(facts)
+    last_errors = tuple((facts.exceptions or errors or facts.errorish)[-3:])
+    guess = word_guess(facts, thin)
     if guess is not None:
         incident, words = guess
         return Diagnosis(
@@ -120,12 +130,12 @@ def diagnose(
             confidence=WORD_GUESS_CONFIDENCE,
             summary=f"No known message matched. The words used ({', '.join(words[:4])}) point "
             f"to {incident}: {explain(incident)} This is a guess, not a finding.",
-            evidence=tuple((facts.exceptions or error_lines(facts) or facts.errorish)[-3:]),
+            evidence=last_errors,
             basis="keywords",
             next_checks=knowledge.class_info(incident).next,
             **common,
         )
-    evidence = tuple((facts.exceptions or error_lines(facts) or facts.errorish)[-3:])
+    evidence = last_errors
     relevant = bool(evidence) or has_gpu_evidence(facts) or _kernel_gpu_lines(facts)
     if evidence:
         summary = (
@@ -158,7 +168,7 @@ WORD_GUESS_CONFIDENCE = 0.35
 WORD_GUESS_MIN = 2  # distinct class words in a longer text, and a lead over the runner-up
 
 
-def word_guess(facts: Facts) -> tuple[str, list[str]] | None:
+def word_guess(facts: Facts, thin: bool) -> tuple[str, list[str]] | None:
     """The class whose vocabulary (classes.yaml `words`) the evidence uses most, when no rule,
     health evidence or close incident decided: at least WORD_GUESS_MIN distinct words and more
     than any other class. A last resort, always reported as a guess."""
@@ -172,7 +182,7 @@ def word_guess(facts: Facts) -> tuple[str, list[str]] | None:
             scores.append((len(found), incident, found))
     scores.sort(reverse=True)
     # One pasted line may carry one telling word; a longer text must use at least two.
-    least = 1 if is_thin(facts) else WORD_GUESS_MIN
+    least = 1 if thin else WORD_GUESS_MIN
     if not scores or scores[0][0] < least:
         return None
     if len(scores) > 1 and scores[1][0] >= scores[0][0]:
@@ -336,10 +346,10 @@ def fact_words(facts: Facts) -> list[str]:
             words.append("factgpu_access" if c.inspect.has_gpu_access else "factno_gpu_request")
             if c.inspect.oom_killed:
                 words.append("factoomkilled")
-            if (c.inspect.shm_size or DEFAULT_SHM) <= DEFAULT_SHM and c.inspect.ipc_mode != "host":
+            if small_shm(c):
                 words.append("factshm_default")
         memlock = c.ulimits.memlock_kb if c.ulimits is not None else None
-        if memlock is not None and 0 <= memlock <= 65536:
+        if memlock is not None and 0 <= memlock <= LOW_MEMLOCK_KB:
             words.append("factmemlock_low")
     if facts.kernel is not None:
         words.extend(f"factxid_{x.code}" for x in facts.kernel.xids[:20])

@@ -82,7 +82,7 @@ def cmd_collect(args: argparse.Namespace) -> int:
             print(path)
             if _unreachable(Path(path)):
                 unreachable += 1
-            if (why := missing_container(_bundle_dir(Path(path)))) is not None:
+            if (why := missing_container(Path(path))) is not None:
                 missing.append(why)
     for why in missing:
         print(f"cudamedic: error: {why}", file=sys.stderr)
@@ -97,23 +97,11 @@ def cmd_collect(args: argparse.Namespace) -> int:
     return 0
 
 
-def _bundle_dir(bundle: Path) -> Path:
-    """The bundle directory (a .tar.gz was written beside it)."""
-    if bundle.name.endswith(".tar.gz"):
-        return bundle.with_name(bundle.name.removesuffix(".tar.gz"))
-    return bundle
-
-
 def _unreachable(bundle: Path) -> bool:
     """Did the bundle's collection fail to reach its host at all?"""
-    import json
+    from runbooks.collect import finding_message
 
-    meta = _bundle_dir(bundle) / "bundle.json"
-    try:
-        findings = json.loads(meta.read_text()).get("findings", [])
-    except (OSError, ValueError):
-        return False
-    return any(f.get("code") == "target-unreachable" for f in findings)
+    return finding_message(bundle, "target-unreachable") is not None
 
 
 def cmd_classify(args: argparse.Namespace) -> int:

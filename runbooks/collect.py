@@ -249,12 +249,23 @@ def _parse_time(value: str) -> float:
 
 
 def _collect_container(
-    engine: DockerEngine, name: str, settings: Settings, writer: _Writer, runbook: Runbook
+    engine: DockerEngine,
+    name: str,
+    settings: Settings,
+    writer: _Writer,
+    runbook: Runbook,
+    *,
+    named: bool = False,
 ) -> None:
     base = f"containers/{name}"
     start = time.monotonic()
     try:
         inspect = engine.inspect(name)
+    except ContainerNotFound as exc:
+        if named:  # the person named it: say which containers there are
+            _report_missing(engine, name, writer)
+        writer.add(SourceResult(name=f"{name}:inspect", status="error", error=str(exc)))
+        return
     except CudamedicError as exc:
         writer.add(SourceResult(name=f"{name}:inspect", status="error", error=str(exc)))
         return
@@ -517,25 +528,16 @@ def _collect_docker(
                 )
             )
     for name in containers:
-        if named and not _exists(engine, name, writer):
-            continue
-        _collect_container(engine, name, settings, writer, runbook)
+        _collect_container(engine, name, settings, writer, runbook, named=named)
 
 
 NOT_FOUND = "container-not-found"
 MAX_LISTED = 20
 
 
-def _exists(engine: DockerEngine, name: str, writer: _Writer) -> bool:
-    """Does the named container exist? If not, a finding names the containers that do (a typo
-    is an error, never an empty diagnosis)."""
-    try:
-        engine.inspect(name)
-        return True
-    except ContainerNotFound:
-        pass
-    except CudamedicError:
-        return True  # the engine failed otherwise: collection records that error itself
+def _report_missing(engine: DockerEngine, name: str, writer: _Writer) -> None:
+    """A named container the engine does not have: a finding that names the containers it has
+    (a typo is an error, never an empty diagnosis)."""
     try:
         listed = sorted(
             names.display(str(n).lstrip("/"))
@@ -555,22 +557,28 @@ def _exists(engine: DockerEngine, name: str, writer: _Writer) -> bool:
             + (f"its containers: {there}" if listed else "it has no containers"),
         )
     )
-    writer.add(SourceResult(name=f"{name}:inspect", status="error", error="no such container"))
-    return False
 
 
-def missing_container(bundle: Path) -> str | None:
-    """The error message when the bundle's named container did not exist, else None."""
+def finding_message(bundle: Path, code: str) -> str | None:
+    """The message of the first finding with this code in a bundle's bundle.json (a .tar.gz
+    path reads the directory written beside it), else None."""
     import json
 
+    if bundle.name.endswith(".tar.gz"):
+        bundle = bundle.with_name(bundle.name.removesuffix(".tar.gz"))
     try:
         meta = json.loads((bundle / "bundle.json").read_text(encoding="utf-8"))
     except (OSError, ValueError, RecursionError):
         return None
     for finding in meta.get("findings", []) if isinstance(meta, dict) else []:
-        if isinstance(finding, dict) and finding.get("code") == NOT_FOUND:
-            return str(finding.get("message") or "no such container")
+        if isinstance(finding, dict) and finding.get("code") == code:
+            return str(finding.get("message") or code)
     return None
+
+
+def missing_container(bundle: Path) -> str | None:
+    """The error message when the bundle's named container did not exist, else None."""
+    return finding_message(bundle, NOT_FOUND)
 
 
 @contextlib.contextmanager

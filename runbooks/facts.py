@@ -151,6 +151,7 @@ SALIENT_TAIL_BYTES = 1 << 20  # similar-incident search reads at most the newest
 
 # Probe outputs that list settings (limits, env, sizes) are facts, not logs: never scanned.
 _NOT_LOGS = (".exec-ulimit.txt", ".exec-env.txt", ".exec-shm.txt", "ulimit-a.txt", "ulimit.txt")
+_SMI_PROBES = (".exec-nvidia-smi.txt", "-smi-L.txt")  # nvidia-smi run inside a container
 
 
 def _scan_kind(rel: str, collected: frozenset[str] = frozenset()) -> Where | None:
@@ -164,9 +165,7 @@ def _scan_kind(rel: str, collected: frozenset[str] = frozenset()) -> Where | Non
         return "kernel"
     if rel == "nvidia-smi.txt" or rel in collected:
         return "smi"
-    if rel.startswith("commands/") or rel == "nccl-tests.txt":
-        return "command"
-    if rel.endswith((".exec-nvidia-smi.txt", "-smi-L.txt")):
+    if rel.startswith("commands/") or rel == "nccl-tests.txt" or rel.endswith(_SMI_PROBES):
         return "command"
     return "log"
 
@@ -233,28 +232,40 @@ def gather(bundle: Bundle) -> Facts:
             scan = scan_stream(stream, rel, kind)
         facts.scans.append(scan)
         facts.text_bytes += scan.bytes
-        if kind in ("log", "kernel", "command"):
-            text = bundle.text(rel, limit=SALIENT_TAIL_BYTES)
-            # What cudamedic's own probes printed is not the incident's text (see Origin).
-            if text and len(facts.salient) < 4 * MAX_SALIENT_LINES and origin_of(rel) != "probe":
-                facts.salient.extend(salient_lines(text))
-            if text and kind != "kernel":
-                facts.errorish.extend(_errorish(text, rel, scan.lines))
-            if text and rel.endswith(".log") and rel.startswith("containers/"):
-                name = rel.removeprefix("containers/").removesuffix(".log")
-                if name in facts.containers:
-                    facts.containers[name].log_tail = _tail_lines(text, rel, scan.lines)
-        if kind in ("log", "command") or rel.endswith(".exec-torch.txt"):
-            text = bundle.text(rel)
-            if text:
-                if kind == "log":
-                    facts.exceptions.extend(python_exceptions(text, rel))
-                report = parse_env_report(text, rel)
-                if report.said_anything:
-                    facts.env_reports.append(report)
+        if kind not in ("log", "kernel", "command"):
+            continue
+        text = bundle.text(rel)  # once per file (a large log: its newest 16 MiB)
+        if not text:
+            continue
+        if kind != "kernel":
+            if kind == "log":
+                facts.exceptions.extend(python_exceptions(text, rel))
+            report = parse_env_report(text, rel)
+            if report.said_anything:
+                facts.env_reports.append(report)
+        recent = _newest(text) if rel in bundle.large else text
+        # What cudamedic's own probes printed is not the incident's text (see Origin).
+        if len(facts.salient) < 4 * MAX_SALIENT_LINES and origin_of(rel) != "probe":
+            facts.salient.extend(salient_lines(recent))
+        if kind == "kernel":
+            continue
+        cited = _cited(recent, rel, scan.lines)
+        facts.errorish.extend([ln for ln in cited if ERRORISH.search(ln.text)][-2:])
+        if rel.endswith(".log") and rel.startswith("containers/"):
+            name = rel.removeprefix("containers/").removesuffix(".log")
+            if name in facts.containers:
+                facts.containers[name].log_tail = tuple(cited[-5:])
     if LOG_FILE in bundle.names() and "log" not in facts.containers:
         facts.containers["log"] = ContainerFacts(name="log", has_log=True)
     return facts
+
+
+def _newest(text: str) -> str:
+    """The newest SALIENT_TAIL_BYTES of a large log's text, from a line boundary."""
+    if len(text) <= SALIENT_TAIL_BYTES:
+        return text
+    tail = text[-SALIENT_TAIL_BYTES:]
+    return tail[tail.find("\n") + 1 :]
 
 
 def _cited(text: str, source: str, total: int) -> list[Line]:
@@ -267,14 +278,6 @@ def _cited(text: str, source: str, total: int) -> list[Line]:
         for i, ln in enumerate(lines)
         if ln.strip()
     ]
-
-
-def _errorish(text: str, source: str, total: int, keep: int = 2) -> list[Line]:
-    return [ln for ln in _cited(text, source, total) if ERRORISH.search(ln.text)][-keep:]
-
-
-def _tail_lines(text: str, source: str, total: int, keep: int = 5) -> tuple[Line, ...]:
-    return tuple(_cited(text, source, total)[-keep:])
 
 
 _INSPECT_KEYS = (

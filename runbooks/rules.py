@@ -52,6 +52,7 @@ STRONG = 0.75  # a match at least this sure is a candidate root cause
 MIN_CONFIDENCE = 0.45  # below this a match is noise
 XID_WINDOW = timedelta(hours=6)  # an Xid older than this before the incident is context
 DEFAULT_SHM = 64 * 1024 * 1024
+LOW_MEMLOCK_KB = 65536  # a locked-memory limit this low (KiB) cannot hold RDMA/pinned buffers
 
 
 def rule(incident: Incident) -> Callable[[Rule], Rule]:
@@ -427,30 +428,20 @@ def driver_too_old(facts: Facts) -> Match | None:
     for report in facts.env_reports:
         have = report.driver or driver
         # Code compiled by a newer toolkit (PTX) needs the newer driver: no minor-version
-        # compatibility for JIT, hence strict.
-        newer = report.nvcc and knowledge.driver_satisfies(have or "", report.nvcc, strict=True)
-        if have and report.nvcc and newer is False:
-            return _boost(
-                match,
-                Incident.DRIVER_TOO_OLD,
-                0.85,
-                list(report.lines),
-                f"the CUDA toolkit in use is {report.nvcc}; driver {have} supports at most "
-                f"CUDA {knowledge.max_cuda_for_driver(have) or '?'}",
-            )
-        if (
-            have
-            and report.built_cuda
-            and knowledge.driver_satisfies(have, report.built_cuda) is False
+        # compatibility for JIT, hence strict; a framework's CUDA runtime may rely on it.
+        for wanted, what, strict in (
+            (report.nvcc, "the CUDA toolkit in use is", True),
+            (report.built_cuda, "torch is built for CUDA", False),
         ):
-            return _boost(
-                match,
-                Incident.DRIVER_TOO_OLD,
-                0.85,
-                list(report.lines),
-                f"torch is built for CUDA {report.built_cuda}; driver {have} supports at most "
-                f"CUDA {knowledge.max_cuda_for_driver(have) or '?'}",
-            )
+            if have and wanted and knowledge.driver_satisfies(have, wanted, strict=strict) is False:
+                return _boost(
+                    match,
+                    Incident.DRIVER_TOO_OLD,
+                    0.85,
+                    list(report.lines),
+                    f"{what} {wanted}; driver {have} supports at most "
+                    f"CUDA {knowledge.max_cuda_for_driver(have) or '?'}",
+                )
     if driver is None:
         return match
     for c in facts.containers.values():
@@ -535,9 +526,7 @@ def host_oom_killed(facts: Facts) -> Match | None:
 def cpu_only_build(facts: Facts) -> Match | None:
     match = sig_match(facts, Incident.CPU_ONLY_BUILD)
     unavailable = _cuda_unavailable_lines(facts)
-    given = [
-        c for c in facts.containers.values() if c.inspect is not None and c.inspect.has_gpu_access
-    ]
+    given = given_gpus(facts)
     driver_trouble = hits(
         facts,
         [
@@ -626,10 +615,7 @@ def gpu_not_requested(facts: Facts) -> Match | None:
         if host_has_gpus(facts):
             reason += f"; the host's nvidia-smi lists {facts.host_gpu_count} working GPU(s)"
         return _boost(symptoms, Incident.GPU_NOT_REQUESTED, confidence, lines, reason)
-    gpu_containers = [
-        c for c in facts.containers.values() if c.inspect is not None and c.inspect.has_gpu_access
-    ]
-    if symptoms is None and unavailable and not gpu_containers:
+    if symptoms is None and unavailable and not given_gpus(facts):
         # Only `torch.cuda.is_available()` -> False: the commonest cause, but a guess.
         return Match(
             incident=Incident.GPU_NOT_REQUESTED,
@@ -641,12 +627,19 @@ def gpu_not_requested(facts: Facts) -> Match | None:
         )
     if symptoms is None:
         return None
-    if any(c.inspect is not None and c.inspect.has_gpu_access for c in facts.containers.values()):
+    if given_gpus(facts):
         return symptoms.model_copy(update={"confidence": min(symptoms.confidence, 0.5)})
     return symptoms
 
 
 WORKLOAD: tuple[Origin, ...] = ("container", "trigger", "host", "kernel")
+
+
+def given_gpus(facts: Facts) -> list[ContainerFacts]:
+    """The containers that were started with GPU access."""
+    return [
+        c for c in facts.containers.values() if c.inspect is not None and c.inspect.has_gpu_access
+    ]
 
 
 def _own(match: Match | None, c: ContainerFacts) -> bool:
@@ -734,13 +727,13 @@ def invalid_device_ordinal(facts: Facts) -> Match | None:
     return sig_match(facts, Incident.INVALID_DEVICE_ORDINAL)
 
 
-def _small_shm(c: ContainerFacts) -> bool:
-    if c.shm is not None and c.shm.size is not None:
-        return c.shm.size <= DEFAULT_SHM  # measured inside the container: what it has
-    if c.inspect is None or c.inspect.ipc_mode == "host":
+def small_shm(c: ContainerFacts) -> bool:
+    """Is the container's /dev/shm Docker's default 64 MiB or less? Measured inside it when a
+    probe ran; else from its inspect (`--ipc=host` shares the host's)."""
+    measured = c.shm is not None and c.shm.size is not None
+    if not measured and (c.inspect is None or c.inspect.ipc_mode == "host"):
         return False
-    size = c.inspect.shm_size or DEFAULT_SHM
-    return size <= DEFAULT_SHM
+    return _shm_size(c) <= DEFAULT_SHM
 
 
 def _shm_size(c: ContainerFacts) -> int:
@@ -758,7 +751,7 @@ def _shm_line(c: ContainerFacts) -> Line:
 @rule(Incident.SHM_TOO_SMALL)
 def shm_too_small(facts: Facts) -> Match | None:
     match = sig_match(facts, Incident.SHM_TOO_SMALL)
-    small = [c for c in facts.containers.values() if _small_shm(c)]
+    small = [c for c in facts.containers.values() if small_shm(c)]
     nospace = hits(facts, ["no-space-left"], origins=("container", "trigger"))
     full = [c for c in small if c.shm is not None and (c.shm.use_percent or 0) >= 95]
     if full and match is None and not nospace:
@@ -813,7 +806,7 @@ def memlock_limit(facts: Facts) -> Match | None:
     if facts.host_ulimits is not None:
         limits.append(("the host", facts.host_ulimits, {}))
     for where, u, env in limits:
-        if u.memlock_kb is None or u.memlock_kb < 0 or u.memlock_kb > 65536:
+        if u.memlock_kb is None or u.memlock_kb < 0 or u.memlock_kb > LOW_MEMLOCK_KB:
             continue
         # A low limit matters when something registers memory (RDMA/IB/EFA, pinned buffers).
         if match is not None or any(k.startswith(("NCCL_IB", "FI_")) for k in env):
@@ -853,7 +846,7 @@ def disk_full(facts: Facts) -> Match | None:
         )
     if not lines:
         return None
-    if any(_small_shm(c) for c in facts.containers.values()):
+    if any(small_shm(c) for c in facts.containers.values()):
         return Match(
             incident=Incident.DISK_FULL,
             confidence=0.6,
