@@ -137,12 +137,14 @@ def _classify_stdin(state_dir: Path) -> Any:
 
     from runbooks.classify import classify_path
     from runbooks.errors import InputError
+    from runbooks.redact import redact_text
 
     data = sys.stdin.buffer.read(STDIN_MAX_BYTES + 1)
     if len(data) > STDIN_MAX_BYTES:
         raise InputError(f"standard input is over {STDIN_MAX_BYTES // 2**20} MiB: pass a file")
     with tempfile.TemporaryDirectory(prefix="cudamedic-paste-") as tmp:
-        (Path(tmp) / "trigger.txt").write_bytes(data)
+        text = redact_text(data.decode("utf-8", errors="replace"))
+        (Path(tmp) / "trigger.txt").write_text(text, encoding="utf-8")
         return classify_path(Path(tmp), state_dir=state_dir)
 
 

@@ -136,7 +136,7 @@ def run_args(inspect: dict[str, Any], image_env: list[str] | None = None) -> lis
     args.append(str(config.get("Image") or inspect.get("Image") or "?"))
     cmd = _l(config.get("Cmd"))
     if cmd:
-        args.append(redact_text(shlex.join(str(c) for c in cmd)))
+        args.append(shlex.join(redact_argv([str(c) for c in cmd])))
     return args
 
 

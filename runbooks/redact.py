@@ -2,11 +2,20 @@
 
 What is replaced by ``[REDACTED]``:
 - values of variables/keys whose names look like credentials (``HF_TOKEN=hf_abc`` ->
-  ``HF_TOKEN=[REDACTED]``; ``"password": "x"``; labels such as ``db.password``);
-- passwords inside URLs (``https://user:pw@host``, ``redis://:pw@host``), Sentry DSN keys
-  and Azure SAS signatures (``&sig=...``);
-- command-line secrets (``--password=x``, ``--token 'x'``, ``--api_key x``; ``-p x`` after
-  ``sshpass``/``mysql``/``... login``; ``curl -u user:pw``; ``wandb login <key>``);
+  ``HF_TOKEN=[REDACTED]``; ``"password": "x"``; ``{'db_password': 'x'}``; ``key => x``;
+  ``password<TAB>x``; ``<password>x</password>``; labels such as ``db.password``; abbreviated and
+  plural names: ``MYSQL_PWD``, ``SMTP_PW``, ``GCP_CREDS``, ``api_keys``, ``secrets``). A quoted
+  value is masked to its closing quote, a list or object to its bracket, an unquoted one to the
+  next space (``abc;tail`` is one value), or to the end of the line when the name starts it;
+- passwords inside URLs (``https://user:pw@host``, ``redis://:pw@host``, ``/`` and ``@`` in
+  the password), Sentry DSN keys and Azure SAS signatures (``&sig=...``);
+- command-line secrets (``--password=x``, ``--token 'x'``, ``--api_key x``, ``--requirepass x``,
+  ``--masterauth x``, ``--pw x``, values starting with ``-``; ``-p x`` after
+  ``sshpass``/``mysql``/``... login``; ``redis-cli -a x``; ``ldapsearch -w x``; ``-P x``;
+  ``curl -u user:pw``; ``wandb login <key>``; ``set NAME x`` / ``config NAME x`` when NAME is a
+  credential's name);
+- lines that are only base64 with mixed case and digits (a key body whose BEGIN line was cut
+  off), and the body above an END line whose BEGIN is missing;
 - well-known token formats anywhere (AWS/GCP/Azure keys, Hugging Face, GitHub, GitLab, Slack,
   OpenAI, Anthropic, NGC, Docker Hub, npm, PyPI, Stripe, Vault, JWTs, PEM/PGP private keys,
   Bearer/Basic credentials).
@@ -23,47 +32,91 @@ from typing import Any
 
 MASK = "[REDACTED]"
 
+# Words that make a name a credential's name, with the plurals people use for collections
+# (`api_keys`, `secrets`); `tokens` stays evidence (max_num_batched_tokens, tokens/s).
 _CREDENTIAL_WORDS = (
-    r"pass(?:wd|word|phrase)?|secret|token|api[_-]?key|access[_-]?key|private[_-]?key|"
-    r"secret[_-]?key|auth(?:orization)?|credentials?|session[_-]?id|cookie|signature|"
-    r"(?<![a-z])key(?![a-z])|dsn|conn(?:ection)?[_-]?string|webhook"
+    r"pass(?:wd|word|phrase)?|secrets?|token|api[_-]?keys?|access[_-]?keys?|private[_-]?keys?|"
+    r"secret[_-]?keys?|auth(?:orization)?|credentials?|creds?|session[_-]?id|cookie|signature|"
+    r"(?<![a-z])keys?(?![a-z])|dsn|conn(?:ection)?[_-]?string|webhook"
 )
+# Abbreviations that are credential names only as a part after a prefix: MYSQL_PWD, REDIS_PW
+# (a bare PWD is the working directory).
+_SHORT_WORDS = r"(?<=[_.\-])pwd|(?<=[_.\-])pw(?![a-z])"
 # A credential word as a part of the name (HF_TOKEN, db.password, apiKey, PASSWORD2), not
 # inside a longer word (tokenizer, max_num_batched_tokens, authorized_keys).
 _NAME_IS_SECRET = re.compile(
-    rf"(?i)(?:^|[_.\-])(?:{_CREDENTIAL_WORDS})(?:$|[_.\-\d])|(?i:{_CREDENTIAL_WORDS})\d*$"
+    rf"(?i)(?:^|[_.\-])(?:{_CREDENTIAL_WORDS}|pwd|pw)(?:$|[_.\-\d])|(?i:{_CREDENTIAL_WORDS})\d*$"
 )
+_NOT_SECRET_NAMES = frozenset({"pwd", "oldpwd"})
 # Names with a credential word that are ML evidence, not credentials (vLLM/HF configs, metrics):
 # tokenizer=..., skip_tokenizer_init=..., max_num_batched_tokens=..., authorized_keys:ro.
 _EVIDENCE_NAME = re.compile(r"(?i)tokeni[sz]|tokens(?![a-z])|authorized_keys")
 # Quantifiers are bounded (and possessive where backtracking is useless) so that no pattern
 # rescans a long run of text from every position: hostile input stays linear.
 _NAME_MAX = 128
+_VALUE_MAX = 1024
 
-# NAME=value / NAME: value / "NAME": "value" (also escaped inside a JSON string) where NAME
-# holds a credential word (DB_PASSWORD, hfTokenPath, SECRETVALUE, API_KEYS). The match starts
-# at the word: scanning from every name start is twice as slow.
+# NAME=value in every spelling a log or a config printout uses, where NAME holds a credential
+# word (DB_PASSWORD, hfTokenPath, SECRETVALUE, API_KEYS, MYSQL_PWD): `NAME=v`, `NAME: v`,
+# `"NAME": "v"` (also escaped inside a JSON string), Python's `{'NAME': 'v'}`, `NAME => v`,
+# `NAME := v`, `NAME<TAB>v`, `<NAME>v</NAME>`. The match starts at the word: scanning from every
+# name start is twice as slow.
 _ASSIGN = re.compile(
-    rf"(?i)(?P<name>(?:{_CREDENTIAL_WORDS})[A-Za-z0-9_.\-]{{0,{_NAME_MAX}}}+)"
-    r"(?:\s*[=:]\s*|\\?\"\s*:\s*\\?\")[\"']?"
+    rf"(?i)(?P<name>(?:{_CREDENTIAL_WORDS}|{_SHORT_WORDS})[A-Za-z0-9_.\-]{{0,{_NAME_MAX}}}+)"
+    r"(?:\\?[\"'])?"  # the name's closing quote
+    r"(?:(?P<sep>[ \t]*(?:=>|:=|[=:])[ \t]*(?:\r?\n[ \t]*)?)|(?P<tab>\t+)|(?P<xml>>))"
+    r"(?P<q>\\?[\"'])?"  # the value's opening quote
 )
-_ASSIGNED_VALUE = re.compile(r"[^\s\"',;}\\]+")
+# A value runs to the end of its quotes (spaces and all), or to the next space: `abc;tail`
+# is one value. A value whose closing quote is missing runs to the end of the line.
+_UNQUOTED_VALUE = re.compile(rf"[^\s\"'\\]{{1,{_VALUE_MAX}}}")
+# A name that starts its line (`env` output, a .env file, YAML, `export NAME=...`): there the
+# value runs to the end of the line, as the shell and YAML read it (`KEY=a b c`).
+_LINE_VALUE = re.compile(rf"[^\n]{{1,{_VALUE_MAX}}}")
+_STARTS_LINE = re.compile(r"[ \t]*(?:export[ \t]+|-[ \t]+)?[A-Za-z0-9_.\-]*")
+_XML_VALUE = re.compile(rf"[^<\n]{{1,{_VALUE_MAX}}}")
+# A list or an object (`"api_keys": ["a", "b"]`) is masked whole, to its closing bracket.
+_BRACKETED_VALUE = re.compile(rf"\[[^\]\n]{{0,{_VALUE_MAX}}}\]?|\{{[^}}\n]{{0,{_VALUE_MAX}}}}}?")
+_QUOTED_VALUE = {
+    '"': re.compile(rf"(?:[^\"\\\n]|\\.){{0,{_VALUE_MAX}}}+"),
+    "'": re.compile(rf"[^'\n]{{0,{_VALUE_MAX}}}"),
+    '\\"': re.compile(rf"(?:[^\"\\\n]|\\[^\"]){{0,{_VALUE_MAX}}}+"),
+    "\\'": re.compile(rf"(?:[^'\\\n]|\\[^'\\]){{0,{_VALUE_MAX}}}+"),
+}
+# user:password@ in a URL; the password may hold `/`, `:` and `@` (the last `@` ends it).
 _URL_CRED = re.compile(
-    r"(?P<pre>\b[a-zA-Z][a-zA-Z0-9+.\-]{0,31}://[^\s:/@\"']*:)(?P<pw>[^\s/\"']+)(?P<at>@)"
+    r"(?P<pre>\b[a-zA-Z][a-zA-Z0-9+.\-]{0,31}://[^\s:/@\"']{0,256}:)(?P<pw>[^\s\"'<>]{1,256})"
+    r"(?P<at>@)"
+)
+# --password V, --requirepass V, --masterauth=V, --passphrase 'a b', --pw V, -pw V: a flag whose
+# name ends in a credential word. The value may start with `-` (not `--`: that is the next flag);
+# unquoted, it runs to the next flag or the end of the line (`--passphrase a b c -d x`: a command
+# line printed with its arguments joined by spaces does not say where a value ends).
+_FLAG_WORDS = (
+    r"pass(?:wd|word|phrase)?|pwd|pw|secrets?|token|api[-_]?keys?|access[-_]?keys?|"
+    r"secret[-_]?keys?|keys?|auth|credentials?|creds?|dsn"
 )
 _CLI_FLAG = re.compile(
-    r"(?i)(?P<flag>--?(?:[a-z0-9]{1,32}[-_]){0,8}(?:password|passwd|pass|token|secret|"
-    r"api[-_]?key|access[-_]?key|secret[-_]?key|key|auth|credentials?|dsn))(?P<sep>=|\s+)"
-    r"(?P<quote>[\"']?)(?P<value>(?!-)[^\s\"']+)"
+    rf"(?i)(?<![\w\-])(?P<flag>--?[a-z0-9_\-]{{0,64}}?(?:{_FLAG_WORDS}))(?P<sep>=|[ \t]+)"
+    rf"(?P<value>\"[^\"\n]{{0,{_VALUE_MAX}}}\"?|'[^'\n]{{0,{_VALUE_MAX}}}'?"
+    rf"|(?!--[a-z])[^\s\"'](?:[^\n\"']{{0,{_VALUE_MAX}}}?(?=[ \t]+-|[ \t]*(?:$|[\r\n\"'])))?)"
 )
 # Positional secrets of a few commands: `sshpass -p pw`, `docker login -u me -p pw`,
-# `mysql -ppw`, `curl -u user:pw`, `wandb login <key>`, a .netrc `password <key>`.
+# `mysql -ppw`, `curl -u user:pw`, `wandb login <key>`, a .netrc `password <key>`,
+# `redis-cli -a pw`, `mosquitto_pub -P pw`, `ldapsearch -w pw`, `-P pw` (not a port or a count),
+# `aws configure set aws_secret_access_key V`, `CONFIG SET requirepass V`, `git config
+# user.password V`.
 _CLI_CONTEXT = re.compile(
-    r"(?P<pre>\b(?:sshpass|mysql(?:dump|admin)?|login)\b[^\n;&|]{0,256}?[ \t]-p[ \t]*['\"]?"
+    r"(?P<pre>(?i:\b(?:sshpass|mysql(?:dump|admin)?|login)\b[^\n;&|]{0,256}?[ \t]-p[ \t]*['\"]?"
     r"|\bcurl\b[^\n;&|]{0,512}?[ \t](?:-u|--user)[= \t]*['\"]?[^\s:'\"]{0,256}:"
     r"|\bwandb[ \t]+login[ \t]+(?:--?[a-z\-]+[ \t]+)*['\"]?(?=[A-Za-z0-9_\-]{32})"
+    r"|\bredis-cli\b[^\n;&|]{0,256}?[ \t]-a[ \t]+['\"]?"
+    r"|\bldap[a-z]*\b[^\n;&|]{0,256}?[ \t]-w[ \t]+['\"]?"
+    r"|\b(?:set|config)(?:[ \t]+--?[a-z][\w\-]{0,32})*[ \t]+['\"]?"
+    rf"[\w.\-/:]{{0,64}}?(?:{_CREDENTIAL_WORDS}|{_SHORT_WORDS})[\w.\-]{{0,64}}['\"]?[ \t]+['\"]?"
     r"|\bmachine\s+\S+\s+(?:login\s+\S+\s+)?password\s+)"
-    r"(?P<value>(?!-)[^\s'\"]+)"
+    r"|(?<![\w\-])-P[ \t]+['\"]?(?![0-9]+(?:\s|$)))"
+    rf"(?P<value>(?!-)[^\s'\"]{{1,{_VALUE_MAX}}})"
 )
 _BEARER = re.compile(r"(?i)\b(?P<kind>bearer|basic|token)\s+(?P<value>[A-Za-z0-9._~+/=\-]{12,})")
 _PEM = re.compile(
@@ -117,7 +170,7 @@ _TOKENS_IN_CONTEXT = re.compile(
 
 def name_is_secret(name: str) -> bool:
     """True when a variable/label/key name looks like it holds a credential."""
-    return bool(_NAME_IS_SECRET.search(name))
+    return name.lower() not in _NOT_SECRET_NAMES and bool(_NAME_IS_SECRET.search(name))
 
 
 def redact_text(text: str) -> str:
@@ -125,16 +178,21 @@ def redact_text(text: str) -> str:
     if not text:
         return text
     text = _PEM.sub(lambda m: f"-----BEGIN {m.group('kind')}-----{MASK}", text)
+    text = _redact_key_lines(text)
     text = _URL_CRED.sub(lambda m: f"{m.group('pre')}{MASK}{m.group('at')}", text)
     text = _TOKENS.sub(MASK, text)
     text = _TOKENS_IN_CONTEXT.sub(MASK, text)
     text = _BEARER.sub(lambda m: f"{m.group('kind')} {MASK}", text)
     text = _redact_assignments(text)
-    text = _CLI_FLAG.sub(
-        lambda m: f"{m.group('flag')}{m.group('sep')}{m.group('quote')}{MASK}", text
-    )
+    text = _CLI_FLAG.sub(lambda m: f"{m.group('flag')}{m.group('sep')}{_mask(m['value'])}", text)
     text = _CLI_CONTEXT.sub(lambda m: f"{m.group('pre')}{MASK}", text)
     return text
+
+
+def _mask(value: str) -> str:
+    """A value replaced by MASK, keeping the quotes around it."""
+    q = value[0] if value[0] in "\"'" else ""
+    return f"{q}{MASK}{q if len(value) > 1 and value.endswith(q) else ''}" if q else MASK
 
 
 def _redact_assignments(text: str) -> str:
@@ -144,14 +202,59 @@ def _redact_assignments(text: str) -> str:
     m = _ASSIGN.search(text)
     while m:
         pos = m.end()  # the value starts here; evidence keeps it
-        if not _EVIDENCE_NAME.match(m.group("name")):
-            value = _ASSIGNED_VALUE.match(text, pos)
-            if value and value.group() != MASK:
+        if not _EVIDENCE_NAME.match(m.group("name")) and not text.startswith(MASK, pos):
+            if m["q"]:
+                value = _QUOTED_VALUE[m["q"]].match(text, pos)
+            elif m["xml"]:
+                value = _XML_VALUE.match(text, pos)
+            elif text.startswith(("[", "{"), pos):
+                value = _BRACKETED_VALUE.match(text, pos)
+            elif _starts_line(text, m.start()):
+                value = _LINE_VALUE.match(text, pos)
+            else:
+                value = _UNQUOTED_VALUE.match(text, pos)
+            if value and value.end() > pos:
                 out += [text[done:pos], MASK]
                 done = pos = value.end()
         m = _ASSIGN.search(text, pos)
     out.append(text[done:])
     return "".join(out)
+
+
+def _starts_line(text: str, at: int) -> bool:
+    """True when the name whose credential word is at `at` is the first thing on its line."""
+    start = text.rfind("\n", max(0, at - 256), at) + 1
+    if start == 0 and at > 256:
+        return False
+    return _STARTS_LINE.fullmatch(text, start, at) is not None
+
+
+# A line that is only base64 (a PEM/OpenSSH key body whose BEGIN line was cut off, a base64
+# secret on its own line), with upper and lower case and digits: a hash in hex is not one.
+_KEY_LINE = re.compile(r"(?m)^([ \t]*)([A-Za-z0-9+/]{40,4096}={0,2})([ \t]*\r?)$")
+_PEM_END = re.compile(r"-----END [A-Z ]*PRIVATE KEY(?: BLOCK)?-----")
+_BASE64_LINE = re.compile(r"[ \t]*[A-Za-z0-9+/=]{4,4096}[ \t]*\r?")
+
+
+def _redact_key_lines(text: str) -> str:
+    """Base64-only lines, and the body above an END line whose BEGIN is not in the text."""
+
+    def line(m: re.Match[str]) -> str:
+        body = m[2]
+        mixed = any(c.isupper() for c in body) and any(c.islower() for c in body)
+        return f"{m[1]}{MASK}{m[3]}" if mixed and any(c.isdigit() for c in body) else m[0]
+
+    text = _KEY_LINE.sub(line, text)
+    if "-----END " not in text:
+        return text
+    lines = text.split("\n")
+    for i, ln in enumerate(lines):
+        if _PEM_END.search(ln):
+            j = i - 1
+            while j >= 0 and _BASE64_LINE.fullmatch(lines[j]) and lines[j].strip() != "":
+                lines[j] = MASK
+                j -= 1
+    return "\n".join(lines)
 
 
 def redact_argv(argv: list[str]) -> list[str]:

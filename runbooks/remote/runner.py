@@ -80,10 +80,29 @@ class BoundedBuffer:
         return self.seen > self.limit
 
     def getvalue(self) -> bytes:
+        """What was kept: whole lines only when the stream was cut (see `_whole_lines`)."""
         data = b"".join(self._chunks)
+        cut_at_line = False
         if self.keep == "tail" and len(data) > self.limit:
+            cut_at_line = data[-self.limit - 1 : -self.limit] == b"\n"
             data = data[-self.limit :]
+        if self.truncated and not cut_at_line:
+            data = _whole_lines(data, self.keep)
         return data
+
+
+def _whole_lines(data: bytes, keep: Keep) -> bytes:
+    """A cut window without the line the cut went through.
+
+    A secret cut in half at the window's edge cannot be recognised from the half that is left
+    (a token's tail, a password without its name), so that partial line is dropped; in a window
+    with no line break, the partial word is.
+    """
+    for sep in (b"\n", b" "):
+        at = data.find(sep) if keep == "tail" else data.rfind(sep)
+        if at >= 0:
+            return data[at + 1 :] if keep == "tail" else data[: at + 1]
+    return b""
 
 
 class LocalRunner:

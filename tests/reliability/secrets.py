@@ -7,9 +7,10 @@ This module makes the secrets and finds them again; the suites plant them and sc
 API (kept stable: the pure suite and the lab end-to-end suite both use it)::
 
     corpus(seed=0, per_kind=10) -> list[Planted]
-        `per_kind` fresh secrets of each kind in KINDS (65 kinds: cloud keys, ML platforms, code
+        `per_kind` fresh secrets of each kind in KINDS (70 kinds: cloud keys, ML platforms, code
         hosting and registries, Slack, other services, JWT/Bearer/Basic, PEM/PGP private keys,
-        passwords in URLs and on command lines, credential-named env vars), drawn from
+        passwords in URLs and on command lines, credential-named env vars, and issue 15's forms:
+        abbreviated and plural names, values with spaces or punctuation, cut key bodies), drawn from
         random.Random(seed) in that kind's real format (prefix, alphabet, length). The same
         seed gives the same corpus. Every value is unique, so a leak search is unambiguous.
 
@@ -193,6 +194,30 @@ def _password(lo: int = 12, hi: int = 24, alphabet: str = PASSWORD) -> Callable[
         return rng.choice(string.ascii_letters) + _s(rng, alphabet, rng.randint(lo, hi) - 1)
 
     return make
+
+
+def _passphrase(rng: random.Random) -> str:
+    """Words with spaces, as a person types a passphrase (the first word may be masked alone)."""
+    return " ".join(_s(rng, string.ascii_lowercase, rng.randint(12, 14)) for _ in range(4))
+
+
+def _passphrase_needles(value: str) -> tuple[str, ...]:
+    return tuple(value.split()[1:])  # what a redactor that stops at the first space leaves
+
+
+def _dashed_password(rng: random.Random) -> str:
+    """A password that starts with `-` or holds `;` and `/` (cut short by a naive redactor)."""
+    head = rng.choice(["-", "", ""]) + _s(rng, string.ascii_letters, 1)
+    return head + _s(rng, ALNUM, 6) + rng.choice(";/") + _s(rng, ALNUM + "-_", rng.randint(12, 16))
+
+
+def _tail_needles(value: str) -> tuple[str, ...]:
+    return (value.lstrip("-").split(";")[-1].split("/")[-1],)
+
+
+def _pem_cut(value: str) -> str:
+    """A PEM block as a log tail shows it when its BEGIN line fell outside the tail."""
+    return "\n".join(value.splitlines()[1:])
 
 
 def _fixed(prefix: str, alphabet: str, lo: int, hi: int | None = None) -> Callable[..., str]:
@@ -830,12 +855,88 @@ _KINDS: tuple[_Kind, ...] = (
     ),
 )
 
+# Issue 15: the forms an adversarial review found leaking (abbreviated and plural names, dict
+# printouts, `=>`, tabs, XML, values with spaces or `;`, flags without a credential word at a
+# boundary, positional `set NAME VALUE`, key bodies whose BEGIN line was cut off).
+_KINDS += (
+    _Kind(
+        "abbreviated-credential-name",
+        _password(),
+        env=("MYSQL_PWD", "SMTP_PW", "REDIS_PW", "GCP_CREDS", "DB_CREDS", "LDAP_BIND_PW"),
+        label=("app.api_keys", "app.secrets", "db.pwd", "ci.creds"),
+        argv=(
+            ("redis-server", "--requirepass", "{v}"),
+            ("redis-server", "--masterauth", "{v}"),
+            ("redis-cli", "-h", "cache", "-a", "{v}", "ping"),
+            ("mosquitto_pub", "-h", "broker", "-P", "{v}", "-t", "jobs"),
+            ("ldapsearch", "-D", "cn=admin", "-w", "{v}"),
+            ("tool", "--pw", "{v}"),
+            ("aws", "configure", "set", "aws_secret_access_key", "{v}"),
+            ("redis-cli", "CONFIG", "SET", "requirepass", "{v}"),
+        ),
+        log=(
+            "{{'db_password': '{v}', 'host': 'db'}}",
+            "{{'hf_token': '{v}'}}",
+            "key => {v}",
+            "password\t{v}",
+            "<password>{v}</password>",
+            '{{"api_keys": ["{v}"]}}',
+            '{{"secrets": "{v}"}}',
+            "{n}={v}",
+        ),
+    ),
+    _Kind(
+        "passphrase-with-spaces",
+        _passphrase,
+        env=("GPG_PASSPHRASE", "KEY_PASSPHRASE"),
+        label=("gpg.passphrase",),
+        argv=(("gpg", "--batch", "--passphrase", "{v}", "-d", "key.gpg"),),
+        log=(
+            "PASSWORD='{v}'",
+            'config: {{"password": "{v}", "host": "db.internal"}}',
+            "{{'passphrase': '{v}'}}",
+            "export {n}='{v}'",
+            "<passphrase>{v}</passphrase>",
+        ),
+        needles=_passphrase_needles,
+    ),
+    _Kind(
+        "punctuated-password",
+        _dashed_password,
+        env=("SERVICE_PASSWORD", "BROKER_PASSWORD"),
+        label=("service.password",),
+        argv=(("tool", "--password", "{v}"), ("tool", "--password={v}")),
+        log=("password={v}", "{n}={v}", "+ tool --password {v}"),
+        needles=_tail_needles,
+    ),
+    _Kind(
+        "url-password-with-slash",
+        lambda rng: _s(rng, ALNUM, 8) + "/" + _s(rng, ALNUM + "-._~", rng.randint(12, 16)),
+        env=("DATABASE_URL", "WAREHOUSE_DSN"),
+        label=("db.url",),
+        argv=(("python", "app.py", "--db-url", "postgresql://svc:{v}@db.internal:5432/ml"),),
+        log=("connecting to postgresql://svc:{v}@db.internal:5432/ml",),
+        env_value="postgresql://svc:{v}@db.internal:5432/ml",
+        needles=_tail_needles,
+    ),
+    _Kind(
+        "rsa-private-key-cut",
+        _pem("RSA PRIVATE KEY", "MIIEowIBAAKCAQEA", (8, 14)),
+        env=("SSH_PRIVATE_KEY",),
+        label=("ssh.private-key",),
+        argv=(("sh", "-c", "echo '{v}' > /root/.ssh/id_rsa"),),
+        log=("{cut}",),
+        recognisable=True,
+        needles=_pem_needles,
+    ),
+)
+
 KINDS: tuple[str, ...] = tuple(k.name for k in _KINDS)
 
 
 def _fill(template: str, value: str, name: str) -> str:
     b64 = base64.b64encode(value.encode()).decode()
-    return template.format(v=value, n=name, b64=b64)
+    return template.format(v=value, n=name, b64=b64, cut=_pem_cut(value))
 
 
 def corpus(seed: int = 0, per_kind: int = 10) -> list[Planted]:
