@@ -219,7 +219,11 @@ def test_argument_lists_keep_their_shape() -> None:
 
 @pytest.mark.parametrize(
     "unit",
-    ["-a", "login ", "curl ", "token", "tokenizer=", "a.", "sk-", "wandb login ", "--", "a://u:"],
+    [
+        *("-a", "login ", "curl ", "token", "tokenizer=", "a.", "sk-", "wandb login ", "--"),
+        *("a://u:", "x://u:a/", "--pw x ", "set password ", "password\t", "redis-cli -a "),
+        *("-----END RSA PRIVATE KEY-----\n", "'password': '", "<password>"),
+    ],
 )
 def test_redaction_stays_linear_on_hostile_text(unit: str) -> None:
     """No pattern rescans a long run from every position (this took minutes before)."""
