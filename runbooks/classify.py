@@ -15,17 +15,16 @@ from pathlib import Path
 from runbooks import knowledge
 from runbooks.facts import Facts, origin_of
 from runbooks.fixes import propose_fix
+from runbooks.judgments import memlock_low, shm_small
 from runbooks.logscan import signatures
-from runbooks.model import Diagnosis, Line, Match, SimilarIncident
+from runbooks.model import Diagnosis, Finding, Line, Match, SimilarIncident
 from runbooks.names import terminal_safe as safe
 from runbooks.rules import (
-    LOW_MEMLOCK_KB,
     PRIORITY,
     STRONG,
     exclusive_mode_gpus,
     rank,
     run_rules,
-    small_shm,
 )
 from runbooks.similar import SimilarIndex, cite, index_for, propose
 from runbooks.taxonomy import Incident
@@ -57,7 +56,7 @@ def diagnose(
     common = {
         "host": host,
         "container": container,
-        "findings": tuple(facts.findings),
+        "findings": (*facts.findings, *host_findings(facts)),
         "similar": cite(neighbours),
     }
     thin = is_thin(facts)
@@ -166,6 +165,25 @@ def diagnose(
 
 WORD_GUESS_CONFIDENCE = 0.35
 WORD_GUESS_MIN = 2  # distinct class words in a longer text, and a lead over the runner-up
+
+
+def host_findings(facts: Facts) -> list[Finding]:
+    """The host health checks of the same facts (runbooks/health.py, one engine with the sweep),
+    as findings of the diagnosis: code ``CODE@SUBJECT``, ``error`` for what drains a host."""
+    from runbooks.health import check_host
+
+    if facts.ssh_error is not None:
+        return []
+    return [
+        Finding(
+            code=f.key,
+            message=f"{f.incident}: {f.message}",
+            source=f.evidence[0].source if f.evidence else "",
+            line=f.evidence[0].line if f.evidence else None,
+            severity="error" if f.level == "drain" else "warning",
+        )
+        for f in check_host("", facts, facts.thresholds).findings
+    ]
 
 
 def word_guess(facts: Facts, thin: bool) -> tuple[str, list[str]] | None:
@@ -346,10 +364,10 @@ def fact_words(facts: Facts) -> list[str]:
             words.append("factgpu_access" if c.inspect.has_gpu_access else "factno_gpu_request")
             if c.inspect.oom_killed:
                 words.append("factoomkilled")
-            if small_shm(c):
+            if shm_small(c, facts.thresholds):
                 words.append("factshm_default")
         memlock = c.ulimits.memlock_kb if c.ulimits is not None else None
-        if memlock is not None and 0 <= memlock <= LOW_MEMLOCK_KB:
+        if memlock_low(memlock, facts.thresholds):
             words.append("factmemlock_low")
     if facts.kernel is not None:
         words.extend(f"factxid_{x.code}" for x in facts.kernel.xids[:20])

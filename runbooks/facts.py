@@ -8,6 +8,7 @@ scanned for signatures and Python exceptions; ``containers/train.inspect.json`` 
 
 from __future__ import annotations
 
+import math
 from datetime import UTC, datetime
 from typing import Literal
 
@@ -39,6 +40,7 @@ from runbooks.evidence.probes import (
 from runbooks.evidence.topology import Topology, is_topology, parse_topology
 from runbooks.logscan import ScanResult, Where, scan_stream
 from runbooks.model import Finding, Line
+from runbooks.runbook import Thresholds
 from runbooks.similar import ERRORISH, MAX_SALIENT_LINES, salient_lines
 
 # Where a line came from: the host's commands, its kernel log, the workload's own log, the text a
@@ -68,6 +70,8 @@ class Facts(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     collected_at: datetime | None = None
+    uptime_s: float | None = None  # the host's /proc/uptime when collected
+    thresholds: Thresholds = Thresholds()  # what the judgments compare against (the runbook's)
     smi: SmiFacts | None = None
     smi_xml: SmiXmlFacts | None = None
     kernel: KernelLogFacts | None = None
@@ -119,6 +123,17 @@ class Facts(BaseModel):
             if t and t.year > 1
         ]
         return min(starts) if starts else None
+
+
+def parse_uptime(text: str | None) -> float | None:
+    """``/proc/uptime`` ("12345.67 54321.00") -> seconds since boot."""
+    if not text:
+        return None
+    try:
+        seconds = float(text.split()[0])
+    except (ValueError, IndexError):
+        return None
+    return seconds if math.isfinite(seconds) and seconds >= 0 else None  # 'nan', '-5': not one
 
 
 def _parse_time(value: str) -> datetime | None:
@@ -199,6 +214,7 @@ def gather(bundle: Bundle) -> Facts:
         facts.docker_info = parse_docker_info(text)
     if (text := files.get("commands/df.txt")) is not None:
         facts.df = parse_df(text)
+    facts.uptime_s = parse_uptime(files.get("commands/uptime.txt"))
     if (text := files.get("commands/container-toolkit.txt")) is not None:
         facts.toolkit = text.strip() or None
     if (text := files.get("commands/lsmod-nvidia.txt")) is not None:

@@ -9,26 +9,37 @@ alerting rule can key on, e.g. ``xid-79`` on ``0000:3b:00`` or ``container-shm-s
 
 Xid events count only inside the runbook's window (by the host's uptime for raw ``dmesg``
 stamps, by the collection time for dated ones) and only once per (code, GPU).
+
+One engine: every judgment (shm, memlock, event recency, ECC) and threshold is shared with the
+incident rules (runbooks/judgments.py, `Thresholds`), and every finding names the taxonomy class
+it is evidence of (`incident`), the same id a diagnosis of the same facts uses;
+`classify.diagnose` reports these findings too, so a sweep and a diagnosis of one bundle agree.
 """
 
 from __future__ import annotations
 
-import math
 import statistics
 from collections.abc import Iterable, Mapping
-from datetime import datetime, timedelta
 from typing import Literal
 
 from runbooks import knowledge
 from runbooks.facts import Facts
+from runbooks.judgments import (
+    MIB,
+    ecc_tripped,
+    in_window,
+    memlock_low,
+    shm_size,
+    shm_small,
+    uses_rdma,
+)
 from runbooks.model import Frozen, Line
-from runbooks.rules import ecc_counters
 from runbooks.runbook import Thresholds
+from runbooks.taxonomy import Incident
 
 Verdict = Literal["healthy", "warning", "drain"]
 Level = Literal["warning", "drain"]
 _RANK: dict[str, int] = {"healthy": 0, "warning": 1, "drain": 2}
-_MIB = 1024 * 1024
 
 
 class HealthFinding(Frozen):
@@ -37,6 +48,7 @@ class HealthFinding(Frozen):
     subject: str = ""  # a GPU bus id, a container, a mount; "" for the host
     message: str
     evidence: tuple[Line, ...] = ()
+    incident: str = Incident.UNKNOWN  # the taxonomy class this is evidence of (see incident_of)
 
     @property
     def key(self) -> str:
@@ -75,6 +87,9 @@ def check_host(
 ) -> HostHealth:
     """Every health check of one host. `source_status`: bundle source name -> ok/failed/timeout."""
     status = dict(source_status or {})
+    facts = facts.model_copy(update={"thresholds": thresholds})
+    if uptime_s is not None:
+        facts = facts.model_copy(update={"uptime_s": uptime_s})
     driver = facts.smi.driver_version if facts.smi else None
     if facts.ssh_error is not None:
         f = HealthFinding(
@@ -91,7 +106,7 @@ def check_host(
     found: list[HealthFinding] = []
     found += _driver(facts, status)
     found += _gpu_count(facts, expected_gpus)
-    found += _xids(facts, thresholds, uptime_s)
+    found += _xids(facts, thresholds)
     found += _ecc(facts)
     found += _thermal(facts, thresholds)
     found += _stragglers(facts, thresholds)
@@ -99,7 +114,7 @@ def check_host(
     found += _containers(facts, thresholds)
     found += _disks(facts, thresholds)
     found += _nccl(facts)
-    unique = {f.key: f for f in found}
+    unique = {f.key: f.model_copy(update={"incident": incident_of(f.code)}) for f in found}
     ordered = sorted(unique.values(), key=lambda f: (-_RANK[f.level], f.code, f.subject))
     return HostHealth(
         host=host,
@@ -134,6 +149,9 @@ def _driver(facts: Facts, status: Mapping[str, str]) -> list[HealthFinding]:
         "not-found": ("nvidia-smi-missing", "drain"),
         "error": ("nvidia-smi-error", "drain"),
     }
+    if smi.status == "error" and smi.status_line is None:
+        # Output that is neither a table nor a known error says nothing about the GPUs.
+        codes["error"] = ("nvidia-smi-unrecognized", "warning")
     if smi.status in codes:
         code, level = codes[smi.status]
         text = smi.status_line.text if smi.status_line else smi.status
@@ -154,44 +172,15 @@ def _gpu_count(facts: Facts, expected: int | None) -> list[HealthFinding]:
     ]
 
 
-def parse_uptime(text: str | None) -> float | None:
-    """``/proc/uptime`` ("12345.67 54321.00") -> seconds since boot."""
-    if not text:
-        return None
-    try:
-        seconds = float(text.split()[0])
-    except (ValueError, IndexError):
-        return None
-    return seconds if math.isfinite(seconds) and seconds >= 0 else None  # 'nan', '-5': not one
-
-
-def _in_window(
-    when: datetime | None,
-    stamp_uptime: float | None,
-    facts: Facts,
-    uptime_s: float | None,
-    window: timedelta,
-) -> bool:
-    if when is not None and facts.collected_at is not None:
-        ref = facts.collected_at
-        when = when if when.tzinfo else when.replace(tzinfo=ref.tzinfo)
-        return ref - window <= when <= ref + timedelta(minutes=10)
-    if stamp_uptime is not None and uptime_s is not None:
-        age = uptime_s - stamp_uptime
-        return age <= window.total_seconds()  # age < 0: logged after the uptime was read
-    return True  # no time known: a kernel log only keeps this boot's events
-
-
-def _xids(facts: Facts, t: Thresholds, uptime_s: float | None) -> list[HealthFinding]:
+def _xids(facts: Facts, t: Thresholds) -> list[HealthFinding]:
     if facts.kernel is None:
         return []
-    window = timedelta(hours=t.xid_window_h)
     events: dict[tuple[int, str], list[Line]] = {}
     for x in facts.kernel.xids:
         info = knowledge.xid_info(x.code)
         if info is not None and (info.noisy or info.severity == "info"):
             continue
-        if not _in_window(x.timestamp, x.uptime_s, facts, uptime_s, window):
+        if not in_window(facts, x.timestamp, x.uptime_s, t.xid_window_h, incident=False):
             continue
         events.setdefault((x.code, x.pci or "?"), []).append(x.line)
     out = []
@@ -217,23 +206,18 @@ def _xids(facts: Facts, t: Thresholds, uptime_s: float | None) -> list[HealthFin
 def _ecc(facts: Facts) -> list[HealthFinding]:
     if facts.smi_xml is None:
         return []
-    rules = knowledge.ecc_rules()
     out = []
     for gpu in facts.smi_xml.gpus:
         subject = gpu.bus_id or f"gpu{gpu.position}"
-        values = ecc_counters(gpu)
-        pending = bool(gpu.retired_pages and gpu.retired_pages.pending_blacklist)
-        for name, rule in rules.rules():
-            if rule.trips(values, pending_blacklist=pending):
-                shown = {c: values[c] for c in rule.counters if c in values}
-                out.append(
-                    HealthFinding(
-                        code=f"ecc-{name.replace('_', '-')}",
-                        level="drain" if rule.severity == "fault" else "warning",
-                        subject=subject,
-                        message=f"{name.replace('_', ' ')}: {shown} ({rule.op} {rule.threshold})",
-                    )
-                )
+        out += [
+            HealthFinding(
+                code=f"ecc-{name.replace('_', '-')}",
+                level="drain" if rule.severity == "fault" else "warning",
+                subject=subject,
+                message=f"{name.replace('_', ' ')}: {shown} ({rule.op} {rule.threshold})",
+            )
+            for name, rule, shown in ecc_tripped(gpu)
+        ]
         if (gpu.reset_required or "").lower() == "yes":
             out.append(
                 HealthFinding(
@@ -327,38 +311,31 @@ def _containers(facts: Facts, t: Thresholds) -> list[HealthFinding]:
                     evidence=tuple(ln for ln in [c.inspect_lines.get("DeviceRequests")] if ln),
                 )
             )
-        measured = c.shm.size if c.shm is not None and c.shm.size else ins.shm_size
-        size = measured if measured is not None else 64 * _MIB  # Docker's default
-        if ins.ipc_mode != "host" and size < t.shm_min_mib * _MIB:
+        if shm_small(c, t):
+            size = shm_size(c)
             out.append(
                 HealthFinding(
                     code="container-shm-small",
                     level="warning",
                     subject=name,
-                    message=f"{name}: /dev/shm is {size // _MIB} MiB (< {t.shm_min_mib} MiB for "
+                    message=f"{name}: /dev/shm is {size // MIB} MiB (< {t.shm_min_mib} MiB for "
                     "multi-worker DataLoaders)",
                     evidence=tuple(ln for ln in [c.inspect_lines.get("ShmSize")] if ln),
                 )
             )
-        if t.memlock_for_rdma and _uses_rdma(ins.env, ins.devices):
+        if t.memlock_for_rdma and uses_rdma(ins.env, ins.devices):
             memlock = c.ulimits.memlock_kb if c.ulimits is not None else None
-            if memlock is not None and memlock != -1:
+            if memlock_low(memlock, t):
                 out.append(
                     HealthFinding(
                         code="container-memlock-low",
                         level="warning",
                         subject=name,
-                        message=f"{name} uses RDMA but its memlock limit is {memlock} kB "
-                        "(needs unlimited)",
+                        message=f"{name} uses RDMA but its memlock limit is {memlock} KiB "
+                        f"(< {t.memlock_min_kb} KiB; unlimited is usual)",
                     )
                 )
     return out
-
-
-def _uses_rdma(env: Mapping[str, str], devices: Iterable[str]) -> bool:
-    if any("/dev/infiniband" in d for d in devices):
-        return True
-    return env.get("NCCL_IB_DISABLE", "").strip() not in ("", "1") or bool(env.get("NCCL_IB_HCA"))
 
 
 def _disks(facts: Facts, t: Thresholds) -> list[HealthFinding]:
@@ -388,6 +365,40 @@ def _nccl(facts: Facts) -> list[HealthFinding]:
             code="nccl-bandwidth-low", level="warning", message=short.reason, evidence=(short.line,)
         )
     ]
+
+
+# The taxonomy class each finding code is evidence of: one table, the ids a diagnosis uses.
+_INCIDENT_OF: dict[str, Incident] = {
+    "nvidia-smi-hung": Incident.GPU_HARDWARE_FAULT,
+    "driver-not-loaded": Incident.DRIVER_NOT_LOADED,
+    "nvidia-smi-missing": Incident.DRIVER_NOT_LOADED,
+    "driver-library-mismatch": Incident.DRIVER_LIBRARY_MISMATCH,
+    "no-gpus-found": Incident.GPU_HARDWARE_FAULT,
+    "gpu-count-low": Incident.GPU_HARDWARE_FAULT,
+    "gpu-reset-required": Incident.GPU_HARDWARE_FAULT,
+    "gpu-throttled": Incident.GPU_HARDWARE_FAULT,
+    "gpu-hot": Incident.GPU_HARDWARE_FAULT,
+    "gpu-straggler": Incident.GPU_HARDWARE_FAULT,
+    "toolkit-missing": Incident.CONTAINER_TOOLKIT_MISSING,
+    "container-no-gpu-request": Incident.GPU_NOT_REQUESTED,
+    "container-shm-small": Incident.SHM_TOO_SMALL,
+    "container-memlock-low": Incident.MEMLOCK_LIMIT,
+    "disk-full": Incident.DISK_FULL,
+    "nccl-bandwidth-low": Incident.NCCL_SLOW_TRANSPORT,
+}
+
+
+def incident_of(code: str) -> Incident:
+    """The taxonomy class a finding code is evidence of (unknown: host-unreachable,
+    check-failed, nvidia-smi-error/-unrecognized say nothing about a class)."""
+    if code.startswith("ecc-"):
+        return Incident.GPU_HARDWARE_FAULT
+    if code.startswith("xid-") and code[4:].isdigit():
+        info = knowledge.xid_info(int(code[4:]))
+        if info is not None and info.app_error:
+            return Incident.CUDA_ILLEGAL_ACCESS
+        return Incident.GPU_HARDWARE_FAULT
+    return _INCIDENT_OF.get(code, Incident.UNKNOWN)
 
 
 # -- sweep-to-sweep differences ----------------------------------------------------------------

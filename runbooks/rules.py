@@ -15,11 +15,21 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Iterable
-from datetime import timedelta
+from datetime import datetime
 
 from runbooks import knowledge
 from runbooks.evidence.nvidia_smi import XmlGpu
 from runbooks.facts import ContainerFacts, Facts, Origin, origin_of
+from runbooks.judgments import (
+    ecc_tripped,
+    in_window,
+    inspect_line,
+    memlock_low,
+    shm_line,
+    shm_size,
+    shm_small,
+    uses_rdma,
+)
 from runbooks.logscan import signature, signatures
 from runbooks.model import Frozen, Line, Match
 from runbooks.taxonomy import Incident
@@ -50,9 +60,6 @@ PRIORITY: dict[Incident, int] = {
 }
 STRONG = 0.75  # a match at least this sure is a candidate root cause
 MIN_CONFIDENCE = 0.45  # below this a match is noise
-XID_WINDOW = timedelta(hours=6)  # an Xid older than this before the incident is context
-DEFAULT_SHM = 64 * 1024 * 1024
-LOW_MEMLOCK_KB = 65536  # a locked-memory limit this low (KiB) cannot hold RDMA/pinned buffers
 
 
 def rule(incident: Incident) -> Callable[[Rule], Rule]:
@@ -155,14 +162,6 @@ def _boost(
     )
 
 
-def _inspect_line(c: ContainerFacts, key: str, text: str | None = None) -> Line:
-    """Cite the inspect JSON line that holds `key` (or the file itself when not found)."""
-    found = c.inspect_lines.get(key)
-    if found is not None:
-        return found
-    return Line(source=f"containers/{c.name}.inspect.json", line=0, text=text or key)
-
-
 def host_has_gpus(facts: Facts) -> bool:
     if facts.smi is not None and facts.smi.status == "ok" and facts.smi.gpus:
         return True
@@ -170,22 +169,10 @@ def host_has_gpus(facts: Facts) -> bool:
 
 
 def recent(facts: Facts, when: object, uptime: float | None = None) -> bool:
-    """Was an event (kernel timestamp or uptime) close enough before the incident to count?"""
-    from datetime import datetime
-
-    incident = facts.incident_time
-    if isinstance(when, datetime) and incident is not None:
-        if when.tzinfo is None:
-            when = when.replace(tzinfo=incident.tzinfo)
-        start = facts.started_at
-        if start is not None and when < start - timedelta(minutes=5):
-            return False  # before the workload even started
-        return incident - XID_WINDOW <= when <= incident + timedelta(minutes=10)
-    if uptime is not None and facts.kernel is not None:
-        last = max((x.uptime_s or 0.0 for x in facts.kernel.xids), default=0.0)
-        newest = max([last] + [n.uptime_s or 0.0 for n in facts.kernel.nvrm])
-        return newest - uptime <= XID_WINDOW.total_seconds()
-    return True  # no timing known: assume it belongs to the incident
+    """Was a kernel event close enough before the incident to count (judgments.in_window)?"""
+    stamp = when if isinstance(when, datetime) else None
+    window = facts.thresholds.xid_incident_window_h
+    return in_window(facts, stamp, uptime, window, incident=True)
 
 
 # -- rules -------------------------------------------------------------------------------------
@@ -249,9 +236,8 @@ def gpu_hardware_fault(facts: Facts) -> Match | None:
                     f"nvidia-smi shows ERR! for GPU {gpu.index} ({', '.join(gpu.err_fields)})"
                 )
     if facts.smi_xml is not None:
-        rules = knowledge.ecc_rules()
         for xgpu in facts.smi_xml.gpus:
-            tripped = _ecc_faults(xgpu, rules)
+            tripped = _ecc_faults(xgpu)
             if tripped:
                 best = max(best, 0.9)
                 lines.append(
@@ -326,43 +312,8 @@ def _app_faults_pinned_to_one_gpu(facts: Facts) -> tuple[str, list[Line]] | None
     return pci, [ln for _, ln in events][:4]
 
 
-def ecc_counters(gpu: XmlGpu) -> dict[str, int]:
-    """The XML's counters under the names ecc.yaml's rules use (nvidia-smi query names)."""
-    values: dict[str, int] = {}
-    rows = gpu.remapped_rows
-    if rows is not None:
-        if rows.pending is not None:
-            values["remapped_rows.pending"] = int(rows.pending)
-        if rows.failure is not None:
-            values["remapped_rows.failure"] = int(rows.failure)
-    for scope, ecc in (("volatile", gpu.ecc_volatile), ("aggregate", gpu.ecc_aggregate)):
-        if ecc is None:
-            continue
-        for kind, corrected, uncorrected in (
-            ("sram", ecc.sram_correctable, ecc.sram_uncorrectable),
-            ("dram", ecc.dram_correctable, ecc.dram_uncorrectable),
-        ):
-            if corrected is not None:
-                values[f"ecc.errors.corrected.{scope}.{kind}"] = corrected
-            if uncorrected is not None:
-                values[f"ecc.errors.uncorrected.{scope}.{kind}"] = uncorrected
-    pages = gpu.retired_pages
-    if pages is not None:
-        if pages.sbe_count is not None:
-            values["retired_pages.sbe"] = pages.sbe_count
-        if pages.dbe_count is not None:
-            values["retired_pages.dbe"] = pages.dbe_count
-    return values
-
-
-def _ecc_faults(gpu: XmlGpu, rules: knowledge.EccRules) -> list[str]:
-    values = ecc_counters(gpu)
-    pending = bool(gpu.retired_pages and gpu.retired_pages.pending_blacklist)
-    return [
-        name.replace("_", " ")
-        for name, r in rules.rules()
-        if r.severity == "fault" and r.trips(values, pending_blacklist=pending)
-    ]
+def _ecc_faults(gpu: XmlGpu) -> list[str]:
+    return [name.replace("_", " ") for name, r, _ in ecc_tripped(gpu) if r.severity == "fault"]
 
 
 @rule(Incident.DRIVER_NOT_LOADED)
@@ -506,7 +457,7 @@ def host_oom_killed(facts: Facts) -> Match | None:
                 match,
                 Incident.HOST_OOM_KILLED,
                 0.97,
-                [_inspect_line(c, "OOMKilled", '"OOMKilled": true')],
+                [inspect_line(c, "OOMKilled", '"OOMKilled": true')],
                 f"Docker reports container {c.name} OOMKilled (exit {c.inspect.exit_code})",
             )
     if facts.kernel is not None and facts.kernel.oom_kills:
@@ -544,7 +495,7 @@ def cpu_only_build(facts: Facts) -> Match | None:
             match,
             Incident.CPU_ONLY_BUILD,
             0.7,
-            [_inspect_line(c, "DeviceRequests"), *unavailable[:2]],
+            [inspect_line(c, "DeviceRequests"), *unavailable[:2]],
             f"{c.name} was given GPUs, yet the framework reports none available and no driver "
             "or toolkit error was seen",
         )
@@ -589,7 +540,7 @@ def gpu_not_requested(facts: Facts) -> Match | None:
         if not (wants or own):
             continue
         lines = [
-            _inspect_line(
+            inspect_line(
                 c,
                 "DeviceRequests",
                 f'"DeviceRequests": null, "Runtime": "{c.inspect.runtime or "runc"}"',
@@ -727,31 +678,10 @@ def invalid_device_ordinal(facts: Facts) -> Match | None:
     return sig_match(facts, Incident.INVALID_DEVICE_ORDINAL)
 
 
-def small_shm(c: ContainerFacts) -> bool:
-    """Is the container's /dev/shm Docker's default 64 MiB or less? Measured inside it when a
-    probe ran; else from its inspect (`--ipc=host` shares the host's)."""
-    measured = c.shm is not None and c.shm.size is not None
-    if not measured and (c.inspect is None or c.inspect.ipc_mode == "host"):
-        return False
-    return _shm_size(c) <= DEFAULT_SHM
-
-
-def _shm_size(c: ContainerFacts) -> int:
-    if c.shm is not None and c.shm.size is not None:
-        return c.shm.size
-    return (c.inspect.shm_size if c.inspect else None) or DEFAULT_SHM
-
-
-def _shm_line(c: ContainerFacts) -> Line:
-    if c.shm is not None:
-        return c.shm.line
-    return _inspect_line(c, "ShmSize", f'"ShmSize": {_shm_size(c)}')
-
-
 @rule(Incident.SHM_TOO_SMALL)
 def shm_too_small(facts: Facts) -> Match | None:
     match = sig_match(facts, Incident.SHM_TOO_SMALL)
-    small = [c for c in facts.containers.values() if small_shm(c)]
+    small = [c for c in facts.containers.values() if shm_small(c, facts.thresholds)]
     nospace = hits(facts, ["no-space-left"], origins=("container", "trigger"))
     full = [c for c in small if c.shm is not None and (c.shm.use_percent or 0) >= 95]
     if full and match is None and not nospace:
@@ -760,8 +690,8 @@ def shm_too_small(facts: Facts) -> Match | None:
             None,
             Incident.SHM_TOO_SMALL,
             0.8,
-            [_shm_line(c)],
-            f"/dev/shm of {c.name} is {_shm_size(c) // 2**20} MiB and "
+            [shm_line(c)],
+            f"/dev/shm of {c.name} is {shm_size(c) // 2**20} MiB and "
             f"{c.shm.use_percent if c.shm else '?'} % full",
         )
     segments = hits(facts, ["nccl-shm-segments"])
@@ -778,7 +708,7 @@ def shm_too_small(facts: Facts) -> Match | None:
         )
     if small and (match is not None or nospace) and not _disk_really_full(facts):
         c = small[0]
-        lines = [_shm_line(c)]
+        lines = [shm_line(c)]
         if match is None:
             lines.extend(nospace)
             return _boost(
@@ -787,14 +717,14 @@ def shm_too_small(facts: Facts) -> Match | None:
                 0.8,
                 lines,
                 f"'No space left on device' in a container whose /dev/shm is only "
-                f"{_shm_size(c) // 2**20} MiB",
+                f"{shm_size(c) // 2**20} MiB",
             )
         return _boost(
             match,
             Incident.SHM_TOO_SMALL,
             0.9,
             lines,
-            f"/dev/shm of {c.name} is {_shm_size(c) // 2**20} MiB",
+            f"/dev/shm of {c.name} is {shm_size(c) // 2**20} MiB",
         )
     return match
 
@@ -806,10 +736,10 @@ def memlock_limit(facts: Facts) -> Match | None:
     if facts.host_ulimits is not None:
         limits.append(("the host", facts.host_ulimits, {}))
     for where, u, env in limits:
-        if u.memlock_kb is None or u.memlock_kb < 0 or u.memlock_kb > LOW_MEMLOCK_KB:
+        if not memlock_low(u.memlock_kb, facts.thresholds):
             continue
         # A low limit matters when something registers memory (RDMA/IB/EFA, pinned buffers).
-        if match is not None or any(k.startswith(("NCCL_IB", "FI_")) for k in env):
+        if match is not None or uses_rdma(env):
             lines = [u.memlock_line] if u.memlock_line else []
             return _boost(
                 match,
@@ -846,7 +776,7 @@ def disk_full(facts: Facts) -> Match | None:
         )
     if not lines:
         return None
-    if any(small_shm(c) for c in facts.containers.values()):
+    if any(shm_small(c, facts.thresholds) for c in facts.containers.values()):
         return Match(
             incident=Incident.DISK_FULL,
             confidence=0.6,

@@ -37,10 +37,14 @@ class _Strict(BaseModel):
 
 
 class Thresholds(_Strict):
-    """Health-check thresholds (the sweep) — each with the fact it is compared against."""
+    """The thresholds of every judgment (runbooks/judgments.py) — one place for the sweep's host
+    verdicts and the incident rules alike, each with the fact it is compared against."""
 
-    xid_window_h: float = Field(default=24.0, gt=0)  # Xid events older than this are history
+    xid_window_h: float = Field(default=24.0, gt=0)  # sweep: Xid events older than this: history
+    # incident: an Xid older than this before the workload failed is context, not its cause
+    xid_incident_window_h: float = Field(default=6.0, gt=0)
     shm_min_mib: int = Field(default=1024, ge=0)  # /dev/shm of GPU containers (DataLoader workers)
+    memlock_min_kb: int = Field(default=65536, ge=0)  # locked-memory limit RDMA/pinned buffers need
     disk_used_max_pct: int = Field(default=90, ge=1, le=100)  # any filesystem above: warning
     temperature_max_c: int = Field(default=85, gt=0)  # GPU core temperature: warning above
     throttle_reasons: tuple[str, ...] = (  # active clock-event reasons that are a warning

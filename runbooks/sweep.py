@@ -2,9 +2,10 @@
 sweeps, and say what is new, changed or resolved.
 
 `check_hosts` checks a batch of hosts with bounded concurrency; each host is collected with the
-sweep runbook, judged by runbooks/health.py and, when it is not healthy, diagnosed like an
-incident. A host that fails or hangs costs its own timeouts and never fails the batch. The flow
-(flows/sweep.py) runs batches as Prefect tasks, or as `sweep-batch` runs spread over workers.
+sweep runbook and assessed by one engine (`assess`): the health checks of runbooks/health.py and
+the incident diagnosis of the same facts, with the same class ids and thresholds. A host that
+fails or hangs costs its own timeouts and never fails the batch. The flow (flows/sweep.py) runs
+batches as Prefect tasks, or as `sweep-batch` runs spread over workers.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import json
 import os
 import shutil
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -24,13 +25,22 @@ from runbooks.bundle import open_bundle
 from runbooks.classify import diagnose
 from runbooks.collect import collect
 from runbooks.errors import CudamedicError
-from runbooks.facts import gather
-from runbooks.health import HealthFinding, HostChange, HostHealth, check_host, parse_uptime
+from runbooks.facts import Facts, gather
+from runbooks.health import (
+    HealthFinding,
+    HostChange,
+    HostHealth,
+    Level,
+    check_host,
+    verdict_of,
+)
 from runbooks.inventory import Inventory
 from runbooks.model import Frozen
-from runbooks.runbook import Runbook
+from runbooks.rules import STRONG
+from runbooks.runbook import Runbook, Thresholds
 from runbooks.settings import Settings
 from runbooks.target import resolve_target
+from runbooks.taxonomy import Incident
 
 
 class HostResult(Frozen):
@@ -54,28 +64,12 @@ def check_one(
         with open_bundle(bundle) as b:
             facts = gather(b)
             status = {s.name: s.status for s in b.meta.sources} if b.meta else {}
-            uptime = parse_uptime(b.files.get("commands/uptime.txt"))
-        health = check_host(
-            name,
-            facts,
-            book.thresholds,
-            expected_gpus=expected,
-            source_status=status,
-            uptime_s=uptime,
-            bundle=str(bundle),
+        result = assess(name, facts, book.thresholds, expected_gpus=expected, source_status=status)
+        result = result.model_copy(
+            update={"health": result.health.model_copy(update={"bundle": str(bundle)})}
         )
-        result = HostResult(health=health)
-        if health.verdict != "healthy" and health.error is None:
-            d = diagnose(facts, host=name)
-            if d.incident not in ("healthy", "unknown"):
-                result = result.model_copy(
-                    update={
-                        "incident": d.incident,
-                        "incident_summary": d.summary,
-                        "container": d.container if d.container != "log" else None,
-                    }
-                )
-        elif health.verdict == "healthy":
+        health = result.health
+        if health.verdict == "healthy":
             shutil.rmtree(bundle, ignore_errors=True)  # keep evidence only where there is news
             result = result.model_copy(
                 update={"health": health.model_copy(update={"bundle": None})}
@@ -85,6 +79,59 @@ def check_one(
     except Exception as exc:  # one host's surprise must never fail the sweep
         result = failed_result(name, f"internal error: {type(exc).__name__}: {exc}")
     return result.model_copy(update={"duration_s": round(time.monotonic() - start, 3)})
+
+
+# Classes whose diagnosis takes the host out of scheduling (its GPUs or driver are unusable).
+_DRAIN_CLASSES = frozenset(
+    {Incident.GPU_HARDWARE_FAULT, Incident.DRIVER_NOT_LOADED, Incident.DRIVER_LIBRARY_MISMATCH}
+)
+
+
+def assess(
+    name: str,
+    facts: Facts,
+    thresholds: Thresholds,
+    *,
+    expected_gpus: int | None = None,
+    source_status: Mapping[str, str] | None = None,
+) -> HostResult:
+    """One engine for a host (PURE): its health checks and the incident diagnosis of the same
+    facts, with the same class ids. A diagnosed fault that no health check names (e.g. a CUDA
+    error in a container's log) becomes a `diagnosis` finding, so the verdict never says healthy
+    beside a diagnosed fault."""
+    facts = facts.model_copy(update={"thresholds": thresholds})
+    health = check_host(
+        name, facts, thresholds, expected_gpus=expected_gpus, source_status=source_status
+    )
+    if health.error is not None:
+        return HostResult(health=health)
+    d = diagnose(facts, host=name)
+    if d.incident in (Incident.HEALTHY, Incident.UNKNOWN):
+        return HostResult(health=health)
+    findings = list(health.findings)
+    named = {f.incident for f in findings}
+    if d.incident not in named and d.basis == "evidence" and d.confidence >= STRONG:
+        level: Level = "drain" if d.incident in _DRAIN_CLASSES else "warning"
+        container = d.container if d.container != "log" else None
+        findings.append(
+            HealthFinding(
+                code="diagnosis",
+                level=level,
+                subject=container or "",
+                message=f"{d.incident}: {d.summary[:300]}",
+                evidence=d.evidence[:3],
+                incident=d.incident,
+            )
+        )
+        health = health.model_copy(
+            update={"findings": tuple(findings), "verdict": verdict_of(findings)}
+        )
+    return HostResult(
+        health=health,
+        incident=d.incident,
+        incident_summary=d.summary,
+        container=d.container if d.container != "log" else None,
+    )
 
 
 def failed_result(name: str, error: str) -> HostResult:

@@ -10,8 +10,8 @@ import pytest
 from runbooks import breaker
 from runbooks.bundle import open_bundle
 from runbooks.errors import InputError
-from runbooks.facts import Facts, gather
-from runbooks.health import HostHealth, check_host, diff, parse_uptime, snapshot
+from runbooks.facts import Facts, gather, parse_uptime
+from runbooks.health import HostHealth, check_host, diff, snapshot
 from runbooks.runbook import Breaker, Thresholds, load_runbook, parse_runbook
 
 FIX = Path(__file__).parent / "fixtures"

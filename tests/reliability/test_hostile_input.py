@@ -64,8 +64,8 @@ from runbooks.evidence.probes import (
     python_exceptions,
 )
 from runbooks.evidence.text import MAX_SCAN_CHARS, looks_binary, split_lines
-from runbooks.facts import gather
-from runbooks.health import check_host, diff, parse_uptime, snapshot
+from runbooks.facts import gather, parse_uptime
+from runbooks.health import check_host, diff, snapshot
 from runbooks.inventory import Host, Inventory, load_inventory
 from runbooks.logscan import ScanResult, scan_text
 from runbooks.runbook import Runbook, Thresholds, parse_runbook

@@ -1,0 +1,153 @@
+"""Judgments of facts that the incident rules (rules.py) and the host health checks (health.py)
+both make (PURE): is this /dev/shm small, this memlock limit low, this kernel event recent, this
+GPU's ECC record a fault. One function each, and every threshold comes from `Thresholds`
+(runbook.py; a runbook may change it; `Facts.thresholds` carries the one in force): a diagnosis
+and a sweep verdict can never disagree about the same fact.
+
+Time: an event's age is measured from one reference — the collection time for dated lines, the
+host's uptime (``/proc/uptime``) for raw ``dmesg`` stamps, and the newest kernel event only when
+the uptime was not collected. An incident asks "did this happen within `xid_incident_window_h`
+before the workload failed?"; a sweep asks "within `xid_window_h` before now?".
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from datetime import datetime, timedelta
+
+from runbooks import knowledge
+from runbooks.evidence.nvidia_smi import XmlGpu
+from runbooks.facts import ContainerFacts, Facts
+from runbooks.model import Line
+from runbooks.runbook import Thresholds
+
+MIB = 1024 * 1024
+DOCKER_DEFAULT_SHM = 64 * MIB  # what a container gets without --shm-size (a fact, not a limit)
+_LATE = timedelta(minutes=10)  # a line stamped a little after the reference still belongs to it
+
+
+def inspect_line(c: ContainerFacts, key: str, text: str | None = None) -> Line:
+    """Cite the inspect JSON line that holds `key` (or the file itself when not found)."""
+    found = c.inspect_lines.get(key)
+    if found is not None:
+        return found
+    return Line(source=f"containers/{c.name}.inspect.json", line=0, text=text or key)
+
+
+# -- /dev/shm ------------------------------------------------------------------------------------
+def shm_size(c: ContainerFacts) -> int:
+    """Bytes of the container's /dev/shm: measured inside it (df) when a probe ran, else its
+    inspect, else Docker's default."""
+    if c.shm is not None and c.shm.size is not None:
+        return c.shm.size
+    return (c.inspect.shm_size if c.inspect else None) or DOCKER_DEFAULT_SHM
+
+
+def shm_line(c: ContainerFacts) -> Line:
+    if c.shm is not None:
+        return c.shm.line
+    return inspect_line(c, "ShmSize", f'"ShmSize": {shm_size(c)}')
+
+
+def shm_small(c: ContainerFacts, t: Thresholds) -> bool:
+    """Is the container's /dev/shm under `shm_min_mib`? (`--ipc=host` shares the host's, which
+    is not measured unless a probe ran inside.)"""
+    measured = c.shm is not None and c.shm.size is not None
+    if not measured and (c.inspect is None or c.inspect.ipc_mode == "host"):
+        return False
+    return shm_size(c) < t.shm_min_mib * MIB
+
+
+# -- locked memory -------------------------------------------------------------------------------
+def memlock_low(kb: int | None, t: Thresholds) -> bool:
+    """Is a locked-memory limit (KiB; -1 = unlimited) too low to register RDMA/pinned buffers?"""
+    return kb is not None and 0 <= kb < t.memlock_min_kb
+
+
+def uses_rdma(env: Mapping[str, str], devices: Iterable[str] = ()) -> bool:
+    """Does the workload register memory with a NIC (InfiniBand/RoCE/EFA devices or NCCL/libfabric
+    settings that turn it on)?"""
+    if any("/dev/infiniband" in d for d in devices):
+        return True
+    if env.get("NCCL_IB_DISABLE", "").strip() not in ("", "1") or env.get("NCCL_IB_HCA"):
+        return True
+    return any(k.startswith(("NCCL_IB_", "FI_")) and k != "NCCL_IB_DISABLE" for k in env)
+
+
+# -- time ----------------------------------------------------------------------------------------
+def in_window(
+    facts: Facts,
+    when: datetime | None,
+    stamp_uptime: float | None,
+    window_h: float,
+    *,
+    incident: bool,
+) -> bool:
+    """Did a kernel event happen within `window_h` hours before the reference — the incident
+    (the workload's failure) when `incident`, else the collection? Unknown timing: True (a
+    kernel log keeps only this boot's events)."""
+    window = timedelta(hours=window_h)
+    ref = facts.incident_time if incident else facts.collected_at
+    if when is not None and ref is not None:
+        when = when if when.tzinfo else when.replace(tzinfo=ref.tzinfo)
+        start = facts.started_at
+        if incident and start is not None and when < start - timedelta(minutes=5):
+            return False  # before the workload even started
+        return ref - window <= when <= ref + _LATE
+    if stamp_uptime is None:
+        return True
+    now = facts.uptime_s
+    if now is not None:
+        if incident and facts.collected_at is not None and ref is not None:
+            now -= max(0.0, (facts.collected_at - ref).total_seconds())
+        return now - stamp_uptime <= window.total_seconds()
+    if facts.kernel is None:
+        return True
+    newest = max(
+        [0.0]
+        + [x.uptime_s or 0.0 for x in facts.kernel.xids]
+        + [n.uptime_s or 0.0 for n in facts.kernel.nvrm]
+    )
+    return newest - stamp_uptime <= window.total_seconds()
+
+
+# -- ECC -----------------------------------------------------------------------------------------
+def ecc_counters(gpu: XmlGpu) -> dict[str, int]:
+    """The XML's counters under the names ecc.yaml's rules use (nvidia-smi query names)."""
+    values: dict[str, int] = {}
+    rows = gpu.remapped_rows
+    if rows is not None:
+        if rows.pending is not None:
+            values["remapped_rows.pending"] = int(rows.pending)
+        if rows.failure is not None:
+            values["remapped_rows.failure"] = int(rows.failure)
+    for scope, ecc in (("volatile", gpu.ecc_volatile), ("aggregate", gpu.ecc_aggregate)):
+        if ecc is None:
+            continue
+        for kind, corrected, uncorrected in (
+            ("sram", ecc.sram_correctable, ecc.sram_uncorrectable),
+            ("dram", ecc.dram_correctable, ecc.dram_uncorrectable),
+        ):
+            if corrected is not None:
+                values[f"ecc.errors.corrected.{scope}.{kind}"] = corrected
+            if uncorrected is not None:
+                values[f"ecc.errors.uncorrected.{scope}.{kind}"] = uncorrected
+    pages = gpu.retired_pages
+    if pages is not None:
+        if pages.sbe_count is not None:
+            values["retired_pages.sbe"] = pages.sbe_count
+        if pages.dbe_count is not None:
+            values["retired_pages.dbe"] = pages.dbe_count
+    return values
+
+
+def ecc_tripped(gpu: XmlGpu) -> list[tuple[str, knowledge.EccRule, dict[str, int]]]:
+    """Every ECC/row-remap/retired-page rule (knowledge/ecc.yaml) this GPU's record trips:
+    (rule name, rule, the counters it read)."""
+    values = ecc_counters(gpu)
+    pending = bool(gpu.retired_pages and gpu.retired_pages.pending_blacklist)
+    return [
+        (name, r, {c: values[c] for c in r.counters if c in values})
+        for name, r in knowledge.ecc_rules().rules()
+        if r.trips(values, pending_blacklist=pending)
+    ]
