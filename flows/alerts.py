@@ -17,12 +17,16 @@ import logging
 import re
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
 
+from flows.http import HttpServer, Limits, json_app, read_body, reply
 from runbooks.errors import InputError
 from runbooks.inventory import Inventory
 from runbooks.redact import redact_text
@@ -160,67 +164,47 @@ def trigger_parameters() -> dict[str, str]:
     }
 
 
+def receive(body: bytes, inventory: Inventory, seen: Seen) -> tuple[int, dict[str, Any]]:
+    """One authorized webhook body -> (HTTP status, answer); announces each new firing alert for
+    an inventory host. Blocking (Prefect): the server runs it in a worker thread."""
+    try:
+        alerts = parse_alertmanager(json.loads(body), inventory)
+    except RecursionError:
+        return 400, {"error": "JSON nested too deeply"}
+    except (ValueError, InputError) as exc:
+        return 400, {"error": str(exc)[:300]}
+    started, ignored = [], []
+    for a in alerts:
+        if a.status != "firing":
+            ignored.append({"alert": a.alertname, "why": a.status})
+        elif a.host is None:
+            ignored.append({"alert": a.alertname, "why": "no inventory host"})
+        elif not seen.first_time(a.key):
+            ignored.append({"alert": a.alertname, "why": "already announced"})
+        else:
+            announce(a)
+            started.append({"alert": a.alertname, "host": a.host})
+    return 202, {"announced": started, "ignored": ignored}
+
+
 def make_server(
-    host: str, port: int, token: str, inventory: Inventory, seen: Seen
-) -> ThreadingHTTPServer:
-    """The receiver: POST /alertmanager with `Authorization: Bearer <token>`."""
+    host: str, port: int, token: str, inventory: Inventory, seen: Seen, limits: Limits | None = None
+) -> HttpServer:
+    """The receiver: POST /alertmanager with `Authorization: Bearer <token>`; GET /health."""
     if not token:
         raise InputError("the alert receiver needs a token (CUDAMEDIC_ALERT_TOKEN)")
+    limits = limits or Limits()
+    expected = f"Bearer {token}".encode()
 
-    class Handler(BaseHTTPRequestHandler):
-        server_version = "cudamedic-alerts"
+    async def health(request: Request) -> Response:
+        return reply(200, {"ok": True})
 
-        def log_message(self, fmt: str, *args: Any) -> None:  # no tokens or bodies in logs
-            log.info("%s %s", self.command, self.path)
+    async def alertmanager(request: Request) -> Response:
+        given = request.headers.get("Authorization", "")
+        if not hmac.compare_digest(given.encode(), expected):
+            return reply(401, {"error": "missing or wrong bearer token"})
+        body = await read_body(request, limits, MAX_BODY)
+        return reply(*await run_in_threadpool(receive, body, inventory, seen))
 
-        def _reply(self, code: int, body: dict[str, Any]) -> None:
-            data = json.dumps(body).encode()
-            self.send_response(code)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
-
-        def do_GET(self) -> None:
-            if self.path == "/health":
-                self._reply(200, {"ok": True})
-            else:
-                self._reply(404, {"error": "not found"})
-
-        def do_POST(self) -> None:
-            if self.path != "/alertmanager":
-                self._reply(404, {"error": "not found"})
-                return
-            given = self.headers.get("Authorization", "")
-            if not hmac.compare_digest(given.encode(), f"Bearer {token}".encode()):
-                self._reply(401, {"error": "missing or wrong bearer token"})
-                return
-            try:
-                length = int(self.headers.get("Content-Length") or 0)
-            except ValueError:
-                length = -1
-            if length < 0 or length > MAX_BODY:
-                self._reply(413, {"error": f"body must be 0..{MAX_BODY} bytes"})
-                return
-            try:
-                alerts = parse_alertmanager(json.loads(self.rfile.read(length)), inventory)
-            except RecursionError:
-                self._reply(400, {"error": "JSON nested too deeply"})
-                return
-            except (ValueError, InputError) as exc:
-                self._reply(400, {"error": str(exc)[:300]})
-                return
-            started, ignored = [], []
-            for a in alerts:
-                if a.status != "firing":
-                    ignored.append({"alert": a.alertname, "why": a.status})
-                elif a.host is None:
-                    ignored.append({"alert": a.alertname, "why": "no inventory host"})
-                elif not seen.first_time(a.key):
-                    ignored.append({"alert": a.alertname, "why": "already announced"})
-                else:
-                    announce(a)
-                    started.append({"alert": a.alertname, "host": a.host})
-            self._reply(202, {"announced": started, "ignored": ignored})
-
-    return ThreadingHTTPServer((host, port), Handler)
+    routes = [Route("/health", health), Route("/alertmanager", alertmanager, methods=["POST"])]
+    return HttpServer(json_app(routes, log), host, port, limits)

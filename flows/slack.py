@@ -14,11 +14,16 @@ import logging
 import threading
 import time
 import urllib.parse
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
 from flows.alerts import Seen
+from flows.http import HttpServer, Limits, json_app, read_body, reply
 from reports import slack as msg
 from runbooks.errors import CudamedicError, InputError
 from runbooks.inventory import Inventory
@@ -412,55 +417,42 @@ class SlackApp:
                 return None
         return "You are not allowed to approve fixes (not in an approver group or channel)."
 
-    # the HTTP server
-    def server(self, host: str, port: int) -> ThreadingHTTPServer:
-        app = self
+    # the HTTP side
+    def handle(self, path: str, body: bytes, headers: Any) -> tuple[int, dict[str, Any] | None]:
+        """One POST -> (HTTP status, answer). Blocking (Slack, Prefect): the server runs it in a
+        worker thread."""
+        why = self.verified(body, headers)
+        if why:
+            log.warning("refused Slack request to %s: %s", path, why)
+            return 401, {"error": why}
+        text = body.decode("utf-8", errors="replace")
+        form = {k: v[0] for k, v in urllib.parse.parse_qs(text).items()}
+        if path == "/slack/commands":
+            return 200, self.command(form)
+        if path != "/slack/interactive":
+            return 404, {"error": "not found"}
+        try:
+            payload = json.loads(form.get("payload", "{}"))
+        except (ValueError, RecursionError):
+            payload = None
+        if not isinstance(payload, dict):
+            return 400, {"error": "bad payload"}
+        return 200, self.interaction(payload)
 
-        class Handler(BaseHTTPRequestHandler):
-            server_version = "cudamedic-slack"
+    def server(self, host: str, port: int, limits: Limits | None = None) -> HttpServer:
+        """POST /slack/commands and /slack/interactive (signed by Slack); GET /health."""
+        limits = limits or Limits.of(self.settings)
 
-            def log_message(self, fmt: str, *args: Any) -> None:
-                log.info("%s %s", self.command, self.path)
+        async def health(request: Request) -> Response:
+            return reply(200, {"ok": True})
 
-            def _reply(self, code: int, body: dict[str, Any] | None) -> None:
-                data = json.dumps(body).encode() if body is not None else b""
-                self.send_response(code)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
+        async def post(request: Request) -> Response:
+            body = await read_body(request, limits, MAX_BODY)
+            path = request.url.path
+            return reply(*await run_in_threadpool(self.handle, path, body, request.headers))
 
-            def do_POST(self) -> None:
-                try:
-                    length = int(self.headers.get("Content-Length") or 0)
-                except ValueError:
-                    length = -1
-                if not 0 <= length <= MAX_BODY:
-                    self._reply(413, {"error": "body too large"})
-                    return
-                body = self.rfile.read(length)
-                why = app.verified(body, self.headers)
-                if why:
-                    log.warning("refused Slack request to %s: %s", self.path, why)
-                    self._reply(401, {"error": why})
-                    return
-                text = body.decode("utf-8", errors="replace")
-                form = {k: v[0] for k, v in urllib.parse.parse_qs(text).items()}
-                if self.path == "/slack/commands":
-                    self._reply(200, app.command(form))
-                elif self.path == "/slack/interactive":
-                    try:
-                        payload = json.loads(form.get("payload", "{}"))
-                    except (ValueError, RecursionError):
-                        payload = None
-                    if not isinstance(payload, dict):
-                        self._reply(400, {"error": "bad payload"})
-                        return
-                    self._reply(200, app.interaction(payload))
-                else:
-                    self._reply(404, {"error": "not found"})
-
-        return ThreadingHTTPServer((host, port), Handler)
+        routes = [Route("/health", health), Route("/{path:path}", post, methods=["POST"])]
+        return HttpServer(json_app(routes, log), host, port, limits)
 
 
 def _obj(value: Any) -> dict[str, Any]:

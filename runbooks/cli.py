@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from flows.http import HttpServer
     from runbooks.inventory import Inventory
     from runbooks.settings import Settings
     from runbooks.target import Target
@@ -352,10 +353,12 @@ def cmd_alerts(args: argparse.Namespace) -> int:
     token = settings.alert_token.get_secret_value() if settings.alert_token else ""
     _prefect(args, settings)
     from flows.alerts import Seen, make_server
+    from flows.http import Limits
 
     listen = args.listen or settings.alert_listen
     port = args.port if args.port is not None else settings.alert_port
-    server = make_server(listen, port, token, inventory, Seen(settings.state_path / "alerts.json"))
+    seen = Seen(settings.state_path / "alerts.json")
+    server = make_server(listen, port, token, inventory, seen, Limits.of(settings))
     return _serve_http(server, "alert receiver: POST {base}/alertmanager")
 
 
@@ -374,14 +377,11 @@ def cmd_slack(args: argparse.Namespace) -> int:
     return _serve_http(server, "Slack app: {base}/slack/commands and {base}/slack/interactive")
 
 
-def _serve_http(server: Any, banner: str) -> int:
+def _serve_http(server: HttpServer, banner: str) -> int:
     """Announce where an HTTP endpoint of cudamedic listens, and serve until interrupted."""
-    host, port = server.server_address[:2]
-    print(banner.format(base=f"http://{host}:{port}"), flush=True)
-    try:
-        server.serve_forever()
-    finally:
-        server.server_close()
+    server.bind()
+    print(banner.format(base=server.url), flush=True)
+    server.serve_forever()
     return 0
 
 

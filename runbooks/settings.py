@@ -59,6 +59,11 @@ class Settings(BaseSettings):
     sweep_timezone: str = "UTC"
     prefect_port: int = Field(default=4200, gt=0, lt=65536)  # the embedded local server
     prefect_home: Path | None = None  # default: STATE_DIR/prefect (its SQLite database)
+    # The HTTP endpoints (`cudamedic alerts`, `cudamedic slack`): limits against slow or idle
+    # clients (keep http_max_connections well under the unit's LimitNOFILE)
+    http_max_connections: int = Field(default=100, gt=0)  # past it, the longest idle is closed
+    http_header_timeout: float = Field(default=10.0, gt=0)  # connect -> complete request head
+    http_body_timeout: float = Field(default=10.0, gt=0)  # request head -> complete body
     # The alert receiver (`cudamedic alerts`): Alertmanager webhooks start responses
     alert_listen: str = "127.0.0.1"
     alert_port: int = Field(default=9095, gt=0, lt=65536)

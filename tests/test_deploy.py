@@ -343,3 +343,19 @@ def _wait_for_run(flow: str, detected_by: str, log: Path, timeout: float = 120) 
                 return r.id
         time.sleep(1)
     raise AssertionError(f"no finished {flow} run detected by {detected_by!r}:\n{log.read_text()}")
+
+
+def test_systemd_units_limit_open_files() -> None:
+    """Every unit caps its file descriptors (issue 15: idle connections past the fd limit made
+    the alert receiver unreachable); the HTTP endpoints' cap leaves room above their connection
+    limit (settings http_max_connections)."""
+    from runbooks.settings import Settings
+
+    units = sorted((ROOT / "deploy" / "systemd").glob("*.service"))
+    assert len(units) >= 5
+    for unit in units:
+        limit = re.search(r"^LimitNOFILE=(\d+)$", unit.read_text(), re.M)
+        assert limit, f"{unit.name} sets no LimitNOFILE"
+        if unit.name in ("cudamedic-alerts.service", "cudamedic-slack.service"):
+            least = 2 * Settings.model_fields["http_max_connections"].default
+            assert int(limit.group(1)) >= least, unit.name

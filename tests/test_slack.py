@@ -10,7 +10,6 @@ import hashlib
 import hmac
 import json
 import re
-import threading
 import time
 import urllib.error
 import urllib.parse
@@ -88,12 +87,8 @@ def command(text: str, user: str = "U0ASKER", trigger: str = "") -> bytes:
 def app_url(settings: Settings, slack: FakeSlack) -> Iterator[str]:
     assert settings.inventory is not None
     app = SlackApp(slack_settings(settings, slack), load_inventory(settings.inventory))
-    server = app.server("127.0.0.1", 0)
-    t = threading.Thread(target=server.serve_forever, daemon=True)
-    t.start()
-    yield f"http://127.0.0.1:{server.server_address[1]}"
-    server.shutdown()
-    server.server_close()
+    with app.server("127.0.0.1", 0) as server:
+        yield server.url
 
 
 def test_unsigned_bad_stale_and_replayed_requests_are_refused(

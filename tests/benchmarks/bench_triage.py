@@ -22,7 +22,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import urllib.parse
 import urllib.request
@@ -190,9 +189,8 @@ def slack_acks(lab: Any, env: dict[str, str], runs: int) -> list[float]:
             state_dir=Path(env["CUDAMEDIC_STATE_DIR"]),
         )
         app = SlackApp(settings, load_inventory(Path(lab.inventory)))
-        server = app.server("127.0.0.1", 0)
-        threading.Thread(target=server.serve_forever, daemon=True).start()
-        url = f"http://127.0.0.1:{server.server_address[1]}/slack/commands"
+        server = app.server("127.0.0.1", 0).start()
+        url = server.url + "/slack/commands"
         for i in range(runs):
             body = urllib.parse.urlencode(
                 {
@@ -220,7 +218,7 @@ def slack_acks(lab: Any, env: dict[str, str], runs: int) -> list[float]:
                 resp.read()
             times.append(time.monotonic() - t0)
             time.sleep(0.2)  # let the background start (it has no deployment here) finish
-        server.shutdown()
+        server.stop()
     return times
 
 

@@ -13,7 +13,6 @@ import re
 import socket
 import subprocess
 import sys
-import threading
 import time
 import urllib.error
 import urllib.parse
@@ -47,11 +46,8 @@ def slack() -> Iterator[FakeSlack]:
 def app(settings: Settings, slack: FakeSlack, tmp_path: Path) -> Iterator[str]:
     assert settings.inventory is not None
     s = slack_settings(settings, slack, state_dir=tmp_path / "state")
-    server = SlackApp(s, load_inventory(settings.inventory)).server("127.0.0.1", 0)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{server.server_address[1]}"
-    server.shutdown()
-    server.server_close()
+    with SlackApp(s, load_inventory(settings.inventory)).server("127.0.0.1", 0) as server:
+        yield server.url
 
 
 def _send(url: str, body: bytes, headers: dict[str, str]) -> int:
@@ -207,8 +203,7 @@ def test_alert_webhooks_without_the_token_are_refused(settings: Settings) -> Non
     assert settings.inventory is not None
     token = "s3cret-t0ken-for-the-receiver"
     server = make_server("127.0.0.1", 0, token, load_inventory(settings.inventory), Seen())
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    url = f"http://127.0.0.1:{server.server_address[1]}/alertmanager"
+    url = server.start().url + "/alertmanager"
     rng = random.Random(5)
     body = json.dumps({"version": "4", "status": "firing", "alerts": []}).encode()
     n = size(40, 1000)
@@ -236,8 +231,7 @@ def test_alert_webhooks_without_the_token_are_refused(settings: Settings) -> Non
             accepted += status < 300
         good, _ = post(url, body, {"Authorization": f"Bearer {token}"})
     finally:
-        server.shutdown()
-        server.server_close()
+        server.stop()
     record(SUITE, "alert receiver: requests without the right token", n)
     zero(SUITE, "alert receiver: bad requests accepted", accepted)
     assert accepted == 0 and good < 300

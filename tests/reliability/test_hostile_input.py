@@ -26,7 +26,6 @@ import subprocess
 import sys
 import tarfile
 import tempfile
-import threading
 import urllib.request
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
@@ -1370,9 +1369,7 @@ def test_alert_receiver_answers_hostile_bodies_with_4xx(monkeypatch: pytest.Monk
     announced: list[Any] = []
     monkeypatch.setattr(alerts, "announce", announced.append)
     server = alerts.make_server("127.0.0.1", 0, "s3cret", _inventory(), alerts.Seen())
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    url = f"http://127.0.0.1:{server.server_address[1]}/alertmanager"
+    url = server.start().url + "/alertmanager"
     bodies = [
         b"[" * 500_000,
         b'{"alerts": ' + b"[" * 100_000,
@@ -1394,8 +1391,7 @@ def test_alert_receiver_answers_hostile_bodies_with_4xx(monkeypatch: pytest.Monk
                 status = exc.code
             assert status in (202, 400), (body[:40], status)
     finally:
-        server.shutdown()
-        server.server_close()
+        server.stop()
     assert announced == []
 
 
@@ -1491,9 +1487,7 @@ def test_slack_endpoint_answers_hostile_signed_bodies(
 
     app, calls = _slack_app(monkeypatch, tmp_path)
     server = app.server("127.0.0.1", 0)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    base = f"http://127.0.0.1:{server.server_address[1]}"
+    base = server.start().url
 
     def post(path: str, body: bytes, ts: str | None = None, sig: str | None = None) -> int:
         ts = ts or str(int(time.time()))
@@ -1518,8 +1512,7 @@ def test_slack_endpoint_answers_hostile_signed_bodies(
         assert post("/slack/commands", b"text=x", ts="not-a-number", sig="v0=0") == 401
         assert post("/slack/commands", b"text=x", ts="9" * 5000, sig="v0=0") == 401
     finally:
-        server.shutdown()
-        server.server_close()
+        server.stop()
     assert not [c for c in calls if c[0] in ("start", "decide")]
 
 
