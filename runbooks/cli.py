@@ -572,6 +572,43 @@ def cmd_breaker(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_completion(args: argparse.Namespace) -> int:
+    print(bash_completion(build_parser()))
+    return EXIT_OK
+
+
+def bash_completion(parser: argparse.ArgumentParser) -> str:
+    """A bash completion script generated from the parser: subcommands, their flags, and the
+    choices of their positional arguments (other words complete as file names)."""
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    cases = []
+    for name, p in sub.choices.items():
+        words = [o for a in p._actions for o in a.option_strings]
+        words += [str(c) for a in p._actions if not a.option_strings for c in a.choices or ()]
+        cases.append(f'        {name}) words="{" ".join(words)}" ;;')
+    top = [o for a in parser._actions for o in a.option_strings] + list(sub.choices)
+    return "\n".join(
+        [
+            '# cudamedic bash completion: eval "$(cudamedic completion bash)"',
+            "_cudamedic() {",
+            '    local cur=${COMP_WORDS[COMP_CWORD]} cmd="" words="" i',
+            "    for ((i = 1; i < COMP_CWORD; i++)); do",
+            "        case ${COMP_WORDS[i]} in -*) ;; *) cmd=${COMP_WORDS[i]}; break ;; esac",
+            "    done",
+            '    case "$cmd" in',
+            f'        "") words="{" ".join(top)}" ;;',
+            *cases,
+            "    esac",
+            '    COMPREPLY=($(compgen -W "$words" -- "$cur"))',
+            '    [ ${#COMPREPLY[@]} -eq 0 ] && [ -n "$cmd" ] &&',
+            '        COMPREPLY=($(compgen -f -- "$cur"))',
+            "    return 0",
+            "}",
+            "complete -F _cudamedic cudamedic",
+        ]
+    )
+
+
 def _confirm(question: str) -> bool:
     if not sys.stdin.isatty():
         return False
@@ -703,6 +740,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("breaker", help="the fleet-wide circuit breaker for unattended fixes")
     p.add_argument("action", choices=["status", "reset"])
     p.set_defaults(func=cmd_breaker)
+
+    p = sub.add_parser("completion", help="print a shell completion script")
+    p.add_argument("shell", choices=["bash"])
+    p.set_defaults(func=cmd_completion)
 
     p = sub.add_parser(
         "classify",

@@ -237,3 +237,25 @@ def test_fix_json_dry_run_and_errors(
 def test_json_flag_is_documented(command: str) -> None:
     doc = (Path(__file__).parents[1] / "docs" / "cli-json.md").read_text()
     assert f"### `{command} --json`" in doc
+
+
+# -- 7. shell completion -------------------------------------------------------------------------
+def test_bash_completion_is_generated_from_the_parser(tmp_path: Path) -> None:
+    proc = subprocess.run([*CLI, "completion", "bash"], capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 0, proc.stderr
+    script = tmp_path / "cudamedic.bash"
+    script.write_text(proc.stdout)
+
+    def complete(*words: str) -> list[str]:
+        line = " ".join(["cudamedic", *words])
+        probe = (
+            f"source {script}; COMP_WORDS=({line}); COMP_CWORD={len(words)}; "
+            '_cudamedic; printf "%s\\n" "${COMPREPLY[@]}"'
+        )
+        out = subprocess.run(["bash", "-c", probe], capture_output=True, text=True, timeout=30)
+        return out.stdout.split()
+
+    assert "sweep" in complete("sw") and "--version" in complete("--v")
+    assert complete("fix", "--j") == ["--json"]
+    assert complete("-v", "sweep", "--fail") == ["--fail-on-drain"]
+    assert set(complete("server", "")) == {"start", "stop", "status", "-h", "--help"}
