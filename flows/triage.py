@@ -100,8 +100,17 @@ def _approval_text(run_id: UUID) -> str | None:
         )
     for art in arts:
         if (art.key or "").startswith("approval-") and isinstance(art.data, str):
-            return art.data
+            return plain_plan(art.data)
     return None
+
+
+def plain_plan(markdown: str) -> str:
+    """The plan of an approval artifact as a terminal shows it: the text of its fenced block,
+    without the Markdown heading, the fence or the approve line (said once, by the caller)."""
+    import re
+
+    fenced = re.search(r"^(`{3,})text\n(.*)\n\1$", markdown, re.M | re.S)
+    return fenced.group(2) if fenced else markdown
 
 
 def answer(run_id: str, decision: str, by: str, reason: str = "") -> str:

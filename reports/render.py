@@ -53,6 +53,12 @@ class PostMortem(Frozen):
     bundle: str | None = None
     similar: tuple[SimilarIncident, ...] = ()  # known incidents that resemble this one
     basis: str = "evidence"  # how the class was reached (model.Basis)
+    failure_cause: str | None = None  # the class a failed fix's own error points at
+
+    @property
+    def changed(self) -> bool:
+        """Did the response leave a changed container (a verified or recovered fix)?"""
+        return self.outcome in ("fixed", "recovered")
 
     @property
     def duration_s(self) -> float:

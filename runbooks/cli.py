@@ -1,7 +1,10 @@
 """The `cudamedic` command line. Heavy modules are imported inside each command, not at start.
 
-Exit status: 0 done (a diagnosis was made, a bundle was written), 2 usage or input error,
-3 target error (host unreachable and nothing could be collected), 1 unexpected internal error.
+Exit status (README, "Exit status"): 0 done, 1 unexpected internal error (and the documented
+"found something" answers of `sweep --fail-on-drain`, `server status`, `breaker status`),
+2 usage or input error (a container that does not exist on a host that answered included),
+3 target cannot be reached, 4 refused / rejected / not answered, 5 rolled back, 6 rollback
+failed or another failure of the response, 130 interrupted.
 """
 
 from __future__ import annotations
@@ -14,17 +17,70 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from flows.http import HttpServer
+    from runbooks.cli_json import FailedSource
     from runbooks.inventory import Inventory
     from runbooks.settings import Settings
     from runbooks.target import Target
 
 
-def show(text: object) -> None:
+EXIT_OK, EXIT_INTERNAL, EXIT_INPUT, EXIT_UNREACHABLE = 0, 1, 2, 3
+EXIT_REFUSED, EXIT_ROLLED_BACK, EXIT_FAILED, EXIT_INTERRUPTED = 4, 5, 6, 130
+# What a fix or a response ended as -> exit status (README, "Exit status").
+OUTCOME_EXIT = {
+    "fixed": EXIT_OK,
+    "recovered": EXIT_OK,
+    "planned": EXIT_OK,
+    "diagnosed": EXIT_OK,
+    "needs-a-person": EXIT_OK,
+    "nothing-to-fix": EXIT_OK,
+    "no-such-container": EXIT_INPUT,
+    "rejected": EXIT_REFUSED,
+    "refused": EXIT_REFUSED,
+    "approval-timed-out": EXIT_REFUSED,
+    "rolled-back": EXIT_ROLLED_BACK,
+}
+JSON_COMMANDS = ("collect", "fix", "triage", "sweep")
+
+
+def show(text: object, *, err: bool = False) -> None:
     """Print text that may carry what a target sent (log lines, names, messages): control
-    characters (ESC, CR, BEL, ...) are shown escaped, never sent to the terminal raw."""
+    characters (ESC, CR, BEL, ...) are shown escaped, never sent to the terminal raw.
+    `err`: to standard error (warnings, reasons)."""
     from runbooks.names import terminal_safe
 
-    print(terminal_safe(str(text)))
+    print(terminal_safe(str(text)), file=sys.stderr if err else sys.stdout)
+
+
+def _emit(args: argparse.Namespace, result: Any) -> None:
+    """The one JSON object of a --json command, on the real standard output."""
+    args.json_emitted = True
+    print(result.dumps(), file=args.json_out, flush=True)
+
+
+def _failures(bundle: Path) -> tuple[str | None, list[FailedSource]]:
+    """Why a bundle's target could not be reached (None: it was), and its failed sources."""
+    from runbooks.cli_json import FailedSource
+    from runbooks.collect import failed_sources, finding_message
+
+    reason = finding_message(bundle, "target-unreachable")
+    return reason, [FailedSource(name=n, error=e) for n, e in failed_sources(bundle)]
+
+
+def _say_failures(name: str, bundle: Path) -> None:
+    """Say on stderr why `name` could not be reached and which sources failed, one line each
+    (the sources never tried because the host was unreachable: on one line)."""
+    from runbooks.collect import NOT_RUN_UNREACHABLE
+
+    reason, failed = _failures(bundle)
+    if reason is not None:
+        show(f"cudamedic: {name} could not be reached: {reason}", err=True)
+    elif failed:
+        show(f"cudamedic: {name}: {len(failed)} source(s) failed (bundle {bundle}):", err=True)
+    for f in failed:
+        if f.error != NOT_RUN_UNREACHABLE:
+            show(f"  {f.name}: {f.error}", err=True)
+    if not_run := [f.name for f in failed if f.error == NOT_RUN_UNREACHABLE]:
+        show(f"  not run (host unreachable): {', '.join(not_run)}", err=True)
 
 
 def _settings(args: argparse.Namespace, **extra: object) -> Settings:
@@ -52,6 +108,7 @@ def cmd_collect(args: argparse.Namespace) -> int:
     import concurrent.futures
 
     from runbooks.bundle import write_tar
+    from runbooks.cli_json import CollectResult, CollectTarget
     from runbooks.collect import collect, missing_container
     from runbooks.errors import InputError
     from runbooks.target import resolve_target
@@ -76,33 +133,34 @@ def cmd_collect(args: argparse.Namespace) -> int:
         return str(write_tar(path) if args.tar else path)
 
     # Hosts are independent: collect them at once, each bounded by its own timeouts.
-    unreachable = 0
-    missing: list[str] = []
+    results: list[CollectTarget] = []
     with concurrent.futures.ThreadPoolExecutor(max_workers=min(16, len(targets))) as pool:
-        for path in pool.map(one, targets):
-            print(path)
-            if _unreachable(Path(path)):
-                unreachable += 1
-            if (why := missing_container(Path(path))) is not None:
-                missing.append(why)
-    for why in missing:
-        print(f"cudamedic: error: {why}", file=sys.stderr)
-    if missing:
-        return 2
-    if unreachable:
-        print(
-            f"cudamedic: {unreachable} target(s) could not be reached; see bundle.json",
-            file=sys.stderr,
-        )
-        return 3
-    return 0
-
-
-def _unreachable(bundle: Path) -> bool:
-    """Did the bundle's collection fail to reach its host at all?"""
-    from runbooks.collect import finding_message
-
-    return finding_message(bundle, "target-unreachable") is not None
+        for target, path in zip(targets, pool.map(one, targets), strict=True):
+            show(path)
+            _say_failures(target.name, Path(path))
+            reason, failed = _failures(Path(path))
+            results.append(
+                CollectTarget(
+                    target=target.name,
+                    bundle=path,
+                    reachable=reason is None,
+                    reason=reason,
+                    missing_container=missing_container(Path(path)),
+                    failed_sources=failed,
+                )
+            )
+    for r in results:
+        if r.missing_container is not None:
+            show(f"cudamedic: error: {r.missing_container}", err=True)
+    if any(r.missing_container is not None for r in results):
+        code = EXIT_INPUT
+    elif any(not r.reachable for r in results):
+        code = EXIT_UNREACHABLE
+    else:
+        code = EXIT_OK
+    if args.json:
+        _emit(args, CollectResult(exit_code=code, targets=results))
+    return code
 
 
 def cmd_classify(args: argparse.Namespace) -> int:
@@ -150,6 +208,7 @@ def _classify_stdin(state_dir: Path) -> Any:
 
 
 def cmd_fix(args: argparse.Namespace) -> int:
+    from runbooks.cli_json import Check, FixResult, Plan
     from runbooks.fixer import (
         execute,
         prepare,
@@ -167,23 +226,57 @@ def cmd_fix(args: argparse.Namespace) -> int:
     target = resolve_target(args.target, _inventory(settings))
     policy = load_policy(settings.policy)
     prepared = prepare(target, args.container, settings, trigger=args.trigger)
+    _say_failures(target.name, Path(prepared.bundle))
     show(render_plan(prepared))
-    if prepared.plan is None:
-        return 0
+    d, plan = prepared.diagnosis, prepared.plan
+
+    def done(code: int, outcome: str, detail: str = "", **more: Any) -> int:
+        if args.json:
+            _emit(
+                args,
+                FixResult(
+                    exit_code=code,
+                    host=target.name,
+                    container=args.container,
+                    bundle=prepared.bundle,
+                    incident=d.incident,
+                    confidence=d.confidence,
+                    summary=d.summary,
+                    plan=Plan(diff=list(plan.diff), steps=list(plan.steps)) if plan else None,
+                    outcome=outcome,
+                    detail=detail,
+                    failed_sources=_failures(Path(prepared.bundle))[1],
+                    **more,
+                ),
+            )
+        return code
+
+    if plan is None:
+        steps = d.fix is not None and bool(d.fix.steps)
+        return done(EXIT_OK, "needs-a-person" if steps else "nothing-to-fix")
     if not args.apply:
-        print("dry run: nothing was changed. Add --apply (and --yes) to make this change.")
-        return 0
-    confirmed = args.yes or _confirm(f"Apply this change to {target.name}/{args.container}?")
+        detail = "dry run: nothing was changed. Add --apply (and --yes) to make this change."
+        show(detail)
+        return done(EXIT_OK, "planned", detail)
+    confirmed = args.yes or (
+        not args.json and _confirm(f"Apply this change to {target.name}/{args.container}?")
+    )
     tags = target.host.tags if target.host else ()
-    why = refusal(prepared.plan, tags, policy, settings, confirmed)
+    why = refusal(plan, tags, policy, settings, confirmed)
     if why is not None:
-        print(f"cudamedic: refused: {why}", file=sys.stderr)
-        return 4
+        show(f"cudamedic: refused: {why}", err=True)
+        return done(EXIT_REFUSED, "refused", why)
     outcome = execute(target, prepared, settings)
     show(render_outcome(outcome))
     report = write_postmortem(prepared, outcome, settings, target.name, started, args.trigger)
-    print(f"report: {report}")
-    return {"fixed": 0, "recovered": 0, "rolled-back": 5}.get(outcome.status, 6)
+    show(f"report: {report}")
+    return done(
+        OUTCOME_EXIT.get(outcome.status, EXIT_FAILED),
+        outcome.status,
+        outcome.message,
+        checks=[Check(name=c.name, ok=c.ok, detail=c.detail) for c in outcome.checks],
+        report=str(report),
+    )
 
 
 def cmd_confirm(args: argparse.Namespace) -> int:
@@ -238,7 +331,7 @@ def cmd_triage(args: argparse.Namespace) -> int:
     _prefect(args, settings)
     from flows.triage import triage
 
-    interactive = sys.stdin.isatty() and not args.no_input
+    interactive = sys.stdin.isatty() and not args.no_input and not args.json
     response = triage(
         args.target,
         container=args.container,
@@ -246,42 +339,59 @@ def cmd_triage(args: argparse.Namespace) -> int:
         apply=args.apply,
         approved_by=who() if args.yes else None,
         ask=_confirm if interactive else None,
-        say=print,
+        say=show,
         actor=who(),
     )
     if response.outcome == "no-such-container":
         from runbooks.errors import NoSuchContainer
 
         raise NoSuchContainer(response.detail)
+    _say_failures(response.host, Path(response.bundle))
+    reason, failed = _failures(Path(response.bundle))
     show(f"incident:  {response.incident} (confidence {response.confidence:.2f})")
     where = response.host + (f" / {response.container}" if response.container else "")
     show(f"where:     {where}")
     show(f"summary:   {response.summary}")
     if response.diff:
-        print("fix (docker run; - removed, + added):")
+        show("fix (docker run; - removed, + added):")
         show("\n".join(f"  {ln}" for ln in response.diff if ln[:1] in "+-"))
     show(f"outcome:   {response.outcome}{': ' + response.detail if response.detail else ''}")
     if response.approval:
-        print(f"approval:  {response.approval}")
+        show(f"approval:  {response.approval}")
     if response.similar:
         from runbooks.classify import similar_line
 
-        print("similar:")
+        show("similar:")
         show("\n".join(f"  - {similar_line(s)}" for s in response.similar))
-    print(f"report:    {response.report}")
+    show(f"report:    {response.report}")
     if response.flow_run_url:
-        print(f"flow run:  {response.flow_run_url}")
-    return {
-        "fixed": 0,
-        "recovered": 0,
-        "planned": 0,
-        "diagnosed": 0,
-        "needs-a-person": 0,
-        "rejected": 4,
-        "refused": 4,
-        "approval-timed-out": 4,
-        "rolled-back": 5,
-    }.get(response.outcome, 6)
+        show(f"flow run:  {response.flow_run_url}")
+    code = EXIT_UNREACHABLE if reason else OUTCOME_EXIT.get(response.outcome, EXIT_FAILED)
+    if args.json:
+        from runbooks.cli_json import TriageResult
+
+        _emit(
+            args,
+            TriageResult(
+                exit_code=code,
+                host=response.host,
+                container=response.container,
+                incident=response.incident,
+                confidence=response.confidence,
+                summary=response.summary,
+                outcome=response.outcome,
+                detail=response.detail,
+                diff=response.diff,
+                approval=response.approval,
+                bundle=response.bundle,
+                report=response.report,
+                flow_run_url=response.flow_run_url,
+                reachable=reason is None,
+                reason=reason,
+                failed_sources=failed,
+            ),
+        )
+    return code
 
 
 def cmd_approve(args: argparse.Namespace) -> int:
@@ -318,23 +428,58 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         distribute=args.distribute,
     )
     verdicts = result.verdicts
-    counts = {v: sum(1 for x in verdicts.values() if x == v) for v in ("drain", "warning")}
-    print(
+    still = {v: sorted(h for h, x in verdicts.items() if x == v) for v in ("drain", "warning")}
+    counts = {v: len(hosts) for v, hosts in still.items()}
+    counts["healthy"] = result.hosts - counts["drain"] - counts["warning"]
+    show(
         f"{result.hosts} hosts in {result.duration_s:.1f} s: {counts['drain']} drain, "
-        f"{counts['warning']} warning, {result.hosts - sum(counts.values())} healthy"
+        f"{counts['warning']} warning, {counts['healthy']} healthy"
     )
     if not result.changes:
-        print("nothing new, changed or resolved since the last sweep")
+        show("nothing new, changed or resolved since the last sweep")
+        if counts["drain"] or counts["warning"]:
+            show(
+                f"still: {counts['drain']} drain, {counts['warning']} warning — see {result.report}"
+            )
     for c in result.changes:
         subject = f" ({c.subject})" if c.subject else ""
         level = f" [{c.level}]" if c.level else ""
-        print(f"  {c.change:8} {c.host}: {c.code}{subject}{level} {c.message[:160]}")
+        show(f"  {c.change:8} {c.host}: {c.code}{subject}{level} {c.message[:160]}")
     for run_id in result.responses:
-        print(f"  incident response started: flow run {run_id}")
-    print(f"report:    {result.report}")
+        show(f"  incident response started: flow run {run_id}")
+    show(f"report:    {result.report}")
     if result.flow_run_url:
-        print(f"flow run:  {result.flow_run_url}")
-    return 1 if counts["drain"] and args.fail_on_drain else 0
+        show(f"flow run:  {result.flow_run_url}")
+    code = EXIT_INTERNAL if counts["drain"] and args.fail_on_drain else EXIT_OK
+    if args.json:
+        from runbooks.cli_json import SweepChange, SweepResult
+
+        _emit(
+            args,
+            SweepResult(
+                exit_code=code,
+                hosts=result.hosts,
+                duration_s=result.duration_s,
+                counts=counts,
+                verdicts=verdicts,
+                still=still,
+                changes=[
+                    SweepChange(
+                        change=c.change,
+                        host=c.host,
+                        code=c.code,
+                        subject=c.subject or None,
+                        level=c.level,
+                        message=c.message,
+                    )
+                    for c in result.changes
+                ],
+                responses=result.responses,
+                report=result.report,
+                flow_run_url=result.flow_run_url,
+            ),
+        )
+    return code
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -429,6 +574,43 @@ def cmd_breaker(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_completion(args: argparse.Namespace) -> int:
+    print(bash_completion(build_parser()))
+    return EXIT_OK
+
+
+def bash_completion(parser: argparse.ArgumentParser) -> str:
+    """A bash completion script generated from the parser: subcommands, their flags, and the
+    choices of their positional arguments (other words complete as file names)."""
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    cases = []
+    for name, p in sub.choices.items():
+        words = [o for a in p._actions for o in a.option_strings]
+        words += [str(c) for a in p._actions if not a.option_strings for c in a.choices or ()]
+        cases.append(f'        {name}) words="{" ".join(words)}" ;;')
+    top = [o for a in parser._actions for o in a.option_strings] + list(sub.choices)
+    return "\n".join(
+        [
+            '# cudamedic bash completion: eval "$(cudamedic completion bash)"',
+            "_cudamedic() {",
+            '    local cur=${COMP_WORDS[COMP_CWORD]} cmd="" words="" i',
+            "    for ((i = 1; i < COMP_CWORD; i++)); do",
+            "        case ${COMP_WORDS[i]} in -*) ;; *) cmd=${COMP_WORDS[i]}; break ;; esac",
+            "    done",
+            '    case "$cmd" in',
+            f'        "") words="{" ".join(top)}" ;;',
+            *cases,
+            "    esac",
+            '    COMPREPLY=($(compgen -W "$words" -- "$cur"))',
+            '    [ ${#COMPREPLY[@]} -eq 0 ] && [ -n "$cmd" ] &&',
+            '        COMPREPLY=($(compgen -f -- "$cur"))',
+            "    return 0",
+            "}",
+            "complete -F _cudamedic cudamedic",
+        ]
+    )
+
+
 def _confirm(question: str) -> bool:
     if not sys.stdin.isatty():
         return False
@@ -441,7 +623,14 @@ def build_parser() -> argparse.ArgumentParser:
         prog="cudamedic",
         description="Incident response for GPU hosts running PyTorch-CUDA containers.",
     )
-    parser.add_argument("-v", "--verbose", action="store_true", help="log progress to stderr")
+    parser.add_argument(
+        "-v",
+        "--verbose",
+        action="count",
+        default=0,
+        help="log progress to stderr (-vv: also every HTTP request and debug detail)",
+    )
+    parser.add_argument("--version", action="version", version=f"cudamedic {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("collect", help="gather an evidence bundle from a host")
@@ -457,6 +646,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--inventory", type=Path, help="inventory file (YAML or Ansible YAML/INI)")
     p.add_argument("--trigger", help="the text that triggered this (e.g. a pasted error)")
     p.add_argument("--tar", action="store_true", help="also pack the bundle as .tar.gz")
+    p.add_argument("--json", action="store_true", help="print one JSON object (docs/cli-json.md)")
     p.set_defaults(func=cmd_collect)
 
     p = sub.add_parser("fix", help="plan (and with --apply, make) the safe fix for a container")
@@ -467,6 +657,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--policy", type=Path, help="fix policy (unattended classes, blast radius)")
     p.add_argument("--inventory", type=Path)
     p.add_argument("--trigger", help="the text that triggered this")
+    p.add_argument("--json", action="store_true", help="print one JSON object (docs/cli-json.md)")
     p.set_defaults(func=cmd_fix)
 
     p = sub.add_parser(
@@ -496,6 +687,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--no-input", action="store_true", help="never prompt; wait for `cudamedic approve`"
     )
     p.add_argument("--inventory", type=Path)
+    p.add_argument("--json", action="store_true", help="print one JSON object (docs/cli-json.md)")
     p.set_defaults(func=cmd_triage)
 
     p = sub.add_parser("approve", help="answer a fix that waits for approval")
@@ -520,6 +712,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--fail-on-drain", action="store_true", help="exit 1 when a host should be drained"
     )
+    p.add_argument("--json", action="store_true", help="print one JSON object (docs/cli-json.md)")
     p.set_defaults(func=cmd_sweep)
 
     p = sub.add_parser(
@@ -550,6 +743,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("action", choices=["status", "reset"])
     p.set_defaults(func=cmd_breaker)
 
+    p = sub.add_parser("completion", help="print a shell completion script")
+    p.add_argument("shell", choices=["bash"])
+    p.set_defaults(func=cmd_completion)
+
     p = sub.add_parser(
         "classify",
         help="diagnose a bundle (directory, .tar.gz or a log file; - reads a pasted error)",
@@ -565,39 +762,81 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    logging.basicConfig(
-        level=logging.INFO if args.verbose else logging.WARNING,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
-    from runbooks.errors import CudamedicError, InputError, TargetError
-    from runbooks.names import terminal_safe as safe
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
 
     try:
-        return int(args.func(args))
+        return version("cudamedic")
+    except PackageNotFoundError:
+        return "unknown (not installed)"
+
+
+def _logging(verbose: int) -> None:
+    logging.basicConfig(
+        level=logging.DEBUG if verbose > 1 else logging.INFO if verbose else logging.WARNING,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    # One line per HTTP request (the Prefect client's) floods -v; -vv shows them.
+    for name in ("httpx", "httpcore"):
+        logging.getLogger(name).setLevel(logging.DEBUG if verbose > 1 else logging.WARNING)
+
+
+def main(argv: list[str] | None = None) -> int:
+    import contextlib
+
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    _logging(args.verbose)
+    json_mode = args.command in JSON_COMMANDS and bool(getattr(args, "json", False))
+    # --json: the one object goes to the real stdout; everything else a command says to stderr.
+    args.json_out, args.json_emitted = sys.stdout, False
+    with contextlib.redirect_stdout(sys.stderr) if json_mode else contextlib.nullcontext():
+        code, error = _run(args)
+    if json_mode and not args.json_emitted:
+        from runbooks.cli_json import ErrorResult
+
+        _emit(args, ErrorResult(command=args.command, exit_code=code, error=error or "failed"))
+    return code
+
+
+def _run(args: argparse.Namespace) -> tuple[int, str | None]:
+    """Run the command: its exit status, and the error it stopped on (None: none)."""
+    from runbooks.errors import (
+        CudamedicError,
+        FixError,
+        InputError,
+        RollbackFailed,
+        TargetError,
+    )
+    from runbooks.names import terminal_safe as safe
+
+    def fail(code: int, prefix: str, message: str) -> tuple[int, str]:
+        print(f"cudamedic: {prefix}: {safe(message)}", file=sys.stderr)
+        return code, message
+
+    try:
+        return int(args.func(args)), None
     except InputError as exc:
-        print(f"cudamedic: error: {safe(str(exc))}", file=sys.stderr)
-        return 2
+        return fail(EXIT_INPUT, "error", str(exc))
     except TargetError as exc:
-        print(f"cudamedic: target error: {safe(str(exc))}", file=sys.stderr)
-        return 3
+        return fail(EXIT_UNREACHABLE, "target error", str(exc))
+    except RollbackFailed as exc:
+        return fail(EXIT_FAILED, "error", str(exc))
+    except FixError as exc:  # another fix holds the lock, the container changed, ...: refused
+        return fail(EXIT_REFUSED, "refused", str(exc))
     except CudamedicError as exc:
-        print(f"cudamedic: error: {safe(str(exc))}", file=sys.stderr)
-        return 1
+        return fail(EXIT_INTERNAL, "error", str(exc))
     except KeyboardInterrupt:
         print("cudamedic: interrupted", file=sys.stderr)
-        return 130
+        return EXIT_INTERRUPTED, "interrupted"
     except Exception as exc:  # a bug or an unexpected failure: one line, the details with -v
         if args.verbose:
             raise
-        print(
-            f"cudamedic: internal error: {type(exc).__name__}: {safe(str(exc))} "
-            "(run with -v for details)",
-            file=sys.stderr,
+        return fail(
+            EXIT_INTERNAL,
+            "internal error",
+            f"{type(exc).__name__}: {exc} (run with -v for details)",
         )
-        return 1
 
 
 if __name__ == "__main__":

@@ -434,7 +434,7 @@ def collect(
                         SourceResult(
                             name=src.name,
                             status="error",
-                            error="host unreachable; see source 'ssh'",
+                            error=NOT_RUN_UNREACHABLE,
                         )
                     )
             # Docker, beside the host commands.
@@ -532,6 +532,7 @@ def _collect_docker(
 
 
 NOT_FOUND = "container-not-found"
+NOT_RUN_UNREACHABLE = "host unreachable; see source 'ssh'"  # a source's error: never tried
 MAX_LISTED = 20
 
 
@@ -559,9 +560,9 @@ def _report_missing(engine: DockerEngine, name: str, writer: _Writer) -> None:
     )
 
 
-def finding_message(bundle: Path, code: str) -> str | None:
-    """The message of the first finding with this code in a bundle's bundle.json (a .tar.gz
-    path reads the directory written beside it), else None."""
+def _meta_list(bundle: Path, key: str) -> list[dict[str, Any]]:
+    """The entries of one list of a bundle's bundle.json (a .tar.gz path reads the directory
+    written beside it); [] when it cannot be read."""
     import json
 
     if bundle.name.endswith(".tar.gz"):
@@ -569,11 +570,29 @@ def finding_message(bundle: Path, code: str) -> str | None:
     try:
         meta = json.loads((bundle / "bundle.json").read_text(encoding="utf-8"))
     except (OSError, ValueError, RecursionError):
-        return None
-    for finding in meta.get("findings", []) if isinstance(meta, dict) else []:
-        if isinstance(finding, dict) and finding.get("code") == code:
+        return []
+    items = meta.get(key) if isinstance(meta, dict) else None
+    return [i for i in items if isinstance(i, dict)] if isinstance(items, list) else []
+
+
+def finding_message(bundle: Path, code: str) -> str | None:
+    """The message of the first finding with this code in a bundle's bundle.json, else None."""
+    for finding in _meta_list(bundle, "findings"):
+        if finding.get("code") == code:
             return str(finding.get("message") or code)
     return None
+
+
+FAILED_STATUSES = ("failed", "timeout", "error")
+
+
+def failed_sources(bundle: Path) -> list[tuple[str, str]]:
+    """(name, error) of each source of a bundle that failed, timed out or could not run."""
+    return [
+        (str(s.get("name")), str(s.get("error") or s.get("status")))
+        for s in _meta_list(bundle, "sources")
+        if s.get("status") in FAILED_STATUSES
+    ]
 
 
 def missing_container(bundle: Path) -> str | None:

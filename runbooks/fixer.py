@@ -222,19 +222,26 @@ def execute(
     return outcome
 
 
-def _hint(message: str) -> str:
-    """What the failure itself points at (e.g. the toolkit-missing error when --gpus fails)."""
-    from runbooks.fixes import MANUAL
+def failure_cause(message: str) -> str | None:
+    """The incident class a failed fix's own error points at (e.g. the toolkit-missing error
+    when --gpus fails), else None."""
     from runbooks.logscan import scan_text, signature
-    from runbooks.taxonomy import Incident
 
     hits = scan_text(message, "outcome").hits
     causes = [signature(sid) for sid in hits if signature(sid).role == "cause"]
-    if not causes:
+    return str(max(causes, key=lambda sig: sig.weight).incident) if causes else None
+
+
+def _hint(message: str) -> str:
+    """What the failure itself points at, and what a person should do about it."""
+    from runbooks.fixes import MANUAL
+    from runbooks.taxonomy import Incident
+
+    cause = failure_cause(message)
+    if cause is None:
         return ""
-    best = max(causes, key=lambda sig: sig.weight)
-    steps = MANUAL.get(Incident(best.incident), ())
-    return f". The failure points at {best.incident}" + (f": {steps[0]}" if steps else "")
+    steps = MANUAL.get(Incident(cause), ())
+    return f". The failure points at {cause}" + (f": {steps[0]}" if steps else "")
 
 
 def rollback(target: Target, container: str, settings: Settings) -> Outcome:
@@ -386,6 +393,9 @@ def postmortem(
         bundle=prepared.bundle,
         similar=d.similar,
         basis=d.basis,
+        failure_cause=failure_cause(outcome.message)
+        if outcome is not None and outcome.status != "fixed"
+        else None,
     )
 
 
