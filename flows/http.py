@@ -42,6 +42,10 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 from runbooks.settings import Settings
 
 log = logging.getLogger(__name__)
+# `_GuardedH11` and `_Server` extend uvicorn beyond its public API (no public form exists for a
+# header timeout or an accept loop); checked against uvicorn 0.55 and pinned by
+# tests/test_http_endpoints.py::test_uvicorn_internals_we_extend_are_as_checked.
+UVICORN_CHECKED = (0, 55)
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from runbooks.classify import classify_path
 from runbooks.collect import collect, engine_session, missing_container
-from runbooks.errors import FixError, NoSuchContainer
+from runbooks.errors import CudamedicError, FixError, NoSuchContainer
 from runbooks.fixes import plan_fix
 from runbooks.journal import Journal, applied_within, audit, container_lock, now, who
 from runbooks.model import Diagnosis, FixPlan, Frozen
@@ -140,12 +140,13 @@ def _evidence_id(bundle: str, container: str) -> str | None:
     return str(data.get("Id") or "") or None if isinstance(data, dict) else None
 
 
-def _image_env(engine: Any, image_id: str) -> list[str]:
+def _image_env(engine: DockerEngine, image_id: str) -> list[str]:
     try:
-        info = engine._call("inspect image", lambda: engine.api.inspect_image(image_id))
-        return list((info.get("Config") or {}).get("Env") or [])
-    except Exception:  # only used to hide image-provided env from the displayed command
+        info = engine.inspect_image(image_id)
+    except CudamedicError:  # only used to hide image-provided env from the displayed command
         return []
+    env = (info.get("Config") or {}).get("Env") if isinstance(info, dict) else None
+    return [e for e in env if isinstance(e, str)] if isinstance(env, list) else []
 
 
 def refusal(

@@ -401,3 +401,23 @@ def test_collect_through_a_jump_host(settings: Settings, lab: LabState, tmp_path
     assert "fallen off the bus" in (bundle / "dmesg.txt").read_text()  # gpu-xid79's own log
     # Exactly one login on the jump host: the hop (the commands ran on gpu-xid79).
     assert jump_log.read_text().count("Accepted publickey") == logins_before + 1
+
+
+def test_docker_py_internals_we_subclass_are_as_checked() -> None:
+    """runbooks/remote/docker.py subclasses docker-py's SSH transport (no public form for a
+    transport over our own paramiko session). Pin what it relies on, so an upgrade that changes
+    them fails here, not in the field."""
+    import inspect
+
+    import docker
+    from docker.transport.sshconn import SSHConnection, SSHConnectionPool, SSHHTTPAdapter
+
+    from runbooks.remote.docker import DOCKER_PY_CHECKED
+
+    assert tuple(int(p) for p in docker.__version__.split(".")[:1]) == DOCKER_PY_CHECKED
+    assert "ssh_transport" in inspect.signature(SSHConnection.__init__).parameters
+    assert callable(SSHConnectionPool._new_conn)
+    assert callable(SSHHTTPAdapter.get_connection) and callable(SSHHTTPAdapter.close)
+    # The public calls we use instead of private ones exist with the arguments we pass.
+    params = inspect.signature(docker.APIClient.create_container_from_config).parameters
+    assert {"config", "name"} <= set(params)

@@ -271,3 +271,24 @@ def test_the_endpoints_keep_their_answers(tmp_path: Path) -> None:
         assert post(url + "/slack/elsewhere", body, signed(body))[0] == 404
         body = command("triage nosuchhost")
         assert post(url + "/slack/commands", body, signed(body))[0] == 200
+
+
+def test_uvicorn_internals_we_extend_are_as_checked() -> None:
+    """flows/http.py subclasses uvicorn's h11 protocol and server; pin what it relies on so an
+    upgrade that changes them fails here."""
+    import inspect
+
+    import uvicorn
+    from uvicorn.protocols.http.h11_impl import H11Protocol
+
+    from flows.http import UVICORN_CHECKED
+
+    assert tuple(int(p) for p in uvicorn.__version__.split(".")[:2]) == UVICORN_CHECKED
+    for method in ("connection_made", "handle_events", "on_response_complete", "connection_lost"):
+        assert callable(getattr(H11Protocol, method)), method
+    assert {"config", "server_state", "app_state"} <= set(
+        inspect.signature(H11Protocol.__init__).parameters
+    )
+    assert "sockets" in inspect.signature(uvicorn.Server.startup).parameters
+    server = uvicorn.Server(uvicorn.Config(app=lambda *a: None))
+    assert hasattr(server, "server_state") and hasattr(server.server_state, "connections")

@@ -26,6 +26,13 @@ from runbooks.remote.ssh import SshRunner, quote
 
 T = TypeVar("T")
 _API_VERSION = "1.41"  # Docker 20.10; newer engines negotiate down to what we use
+_SSH_BASE = "http+docker://ssh"
+
+# The one place that relies on docker-py beyond its public API: the dial-stdio transport below
+# subclasses docker-py's SSH transport classes (docker.transport.sshconn) so that the engine is
+# reached over our own paramiko session. Checked against docker-py 7.x by
+# tests/test_collect.py::test_docker_py_internals_we_subclass_are_as_checked.
+DOCKER_PY_CHECKED = (7,)
 
 
 class _DialConnection(SSHConnection):  # type: ignore[misc]
@@ -82,37 +89,41 @@ class DockerEngine:
     # -- construction ---------------------------------------------------------------------
     @classmethod
     def local(cls, base_url: str | None, timeout: float) -> DockerEngine:
-        try:
+        def make(version: str) -> docker.APIClient:
             if base_url:
-                api = docker.APIClient(base_url=base_url, version=_API_VERSION, timeout=timeout)
-            else:
-                kwargs = docker.utils.kwargs_from_env()
-                kwargs.setdefault("base_url", "unix:///var/run/docker.sock")
-                api = docker.APIClient(version=_API_VERSION, timeout=timeout, **kwargs)
-        except docker.errors.DockerException as exc:
-            raise EngineError(f"local: cannot configure the Docker client: {exc}") from None
-        engine = cls(api, "local", timeout)
-        engine._negotiate()
-        return engine
+                return docker.APIClient(base_url=base_url, version=version, timeout=timeout)
+            kwargs = docker.utils.kwargs_from_env()
+            kwargs.setdefault("base_url", "unix:///var/run/docker.sock")
+            return docker.APIClient(version=version, timeout=timeout, **kwargs)
+
+        return cls._negotiated(make, "local", timeout)
 
     @classmethod
     def over_ssh(cls, runner: SshRunner, docker_host: str | None, timeout: float) -> DockerEngine:
-        api = docker.APIClient(
-            base_url="unix:///nonexistent", version=_API_VERSION, timeout=timeout
-        )
-        adapter = _DialAdapter(runner, timeout, docker_host)
-        api.mount("http+docker://ssh", adapter)
-        api.base_url = "http+docker://ssh"
-        api._custom_adapter = adapter
-        engine = cls(api, runner.name, timeout)
-        engine._negotiate()
-        return engine
+        def make(version: str) -> docker.APIClient:
+            api = docker.APIClient(base_url="unix:///nonexistent", version=version, timeout=timeout)
+            api.mount(_SSH_BASE, _DialAdapter(runner, timeout, docker_host))
+            api.base_url = _SSH_BASE  # requests picks the mounted adapter by this prefix
+            return api
 
-    def _negotiate(self) -> None:
-        version = self._call("version", lambda: self.api.version(api_version=False))
-        server = str(version.get("ApiVersion", _API_VERSION))
-        if _version_tuple(server) < _version_tuple(_API_VERSION):
-            self.api._version = server
+        return cls._negotiated(make, runner.name, timeout)
+
+    @classmethod
+    def _negotiated(
+        cls, make: Callable[[str], docker.APIClient], where: str, timeout: float
+    ) -> DockerEngine:
+        """A client speaking _API_VERSION, or the server's older version (a new client: docker-py
+        has no public way to change a client's version)."""
+        try:
+            engine = cls(make(_API_VERSION), where, timeout)
+            version = engine._call("version", lambda: engine.api.version(api_version=False))
+            server = str(version.get("ApiVersion", _API_VERSION))
+            if _version_tuple(server) < _version_tuple(_API_VERSION):
+                engine.close()
+                engine = cls(make(server), where, timeout)
+        except docker.errors.DockerException as exc:
+            raise EngineError(f"{where}: cannot configure the Docker client: {exc}") from None
+        return engine
 
     def close(self) -> None:
         with contextlib.suppress(Exception):
@@ -152,6 +163,9 @@ class DockerEngine:
 
     def inspect(self, name: str) -> dict[str, Any]:
         return self._call(f"inspect {name}", lambda: self.api.inspect_container(name))
+
+    def inspect_image(self, ref: str) -> dict[str, Any]:
+        return self._call(f"inspect image {ref}", lambda: self.api.inspect_image(ref))
 
     def logs_tail(self, name: str, lines: int, max_bytes: int) -> tuple[bytes, bool, int]:
         """The last `lines` lines of stdout+stderr, at most `max_bytes` (newest kept)."""
@@ -223,12 +237,10 @@ class DockerEngine:
         if networking:
             body["NetworkingConfig"] = networking
 
-        def post() -> str:
-            url = self.api._url("/containers/create")
-            res = self.api._post_json(url, data=body, params={"name": name})
-            return str(self.api._result(res, True)["Id"])
-
-        return self._call(f"create {name}", post)
+        return self._call(
+            f"create {name}",
+            lambda: str(self.api.create_container_from_config(body, name=name)["Id"]),
+        )
 
     def connect(self, network: str, name: str, endpoint: dict[str, Any]) -> None:
         self._call(
