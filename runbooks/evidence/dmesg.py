@@ -215,136 +215,150 @@ def parse_kernel_log(text: str, source: str = "dmesg.txt") -> KernelLogFacts:
             source=source,
             findings=(Finding(code="kernel-log-empty", message="empty kernel log", source=source),),
         )
-    findings: list[Finding] = []
-    if looks_binary(text):
-        findings.append(binary_input(source))
-    lines = split_lines(text)
-    stripped: list[tuple[_Stamp, str] | None] = []
+    return _KernelLogReader(text, source).read()
+
+
+def _stamped(lines: list[str]) -> list[tuple[_Stamp, str] | None]:
+    """Each line's time stamp and body (None for a line too long to scan); an indented
+    continuation line takes the stamp of the message above."""
+    out: list[tuple[_Stamp, str] | None] = []
     previous = _Stamp()
     for line in lines:
         if len(line) > MAX_SCAN_CHARS:
-            stripped.append(None)
+            out.append(None)
             continue
         stamp, body = _strip_prefix(line)
         if line[:1].isspace() and stamp.time_text is None and stamp.uptime_s is None:
-            stamp = previous  # an indented continuation line belongs to the message above
+            stamp = previous
         previous = stamp
-        stripped.append((stamp, body))
-    xids: list[XidEvent] = []
-    nvrm: list[NvrmLine] = []
-    ooms: list[OomKill] = []
-    pending_oom: dict[str, dict[str, str]] = {}
-    fell_off: list[Line] = []
-    not_permitted = False
-    consumed: set[int] = set()
+        out.append((stamp, body))
+    return out
 
-    for index, line in enumerate(lines):
+
+class _KernelLogReader:
+    """One pass over a kernel log, line by line, collecting Xids, NVRM lines and OOM kills."""
+
+    def __init__(self, text: str, source: str) -> None:
+        self.source = source
+        self.findings: list[Finding] = [binary_input(source)] if looks_binary(text) else []
+        self.lines = split_lines(text)
+        self.stripped = _stamped(self.lines)
+        self.xids: list[XidEvent] = []
+        self.nvrm: list[NvrmLine] = []
+        self.ooms: list[OomKill] = []
+        self.pending_oom: dict[str, dict[str, str]] = {}  # "oom-kill:" lines by pid
+        self.fell_off: list[Line] = []
+        self.not_permitted = False
+        self.consumed: set[int] = set()  # continuation lines joined into an earlier one
+
+    def read(self) -> KernelLogFacts:
+        for index, line in enumerate(self.lines):
+            parsed = self.stripped[index]
+            if parsed is None:
+                self.findings.append(too_long(self.source, index + 1, len(line)))
+            elif index not in self.consumed:
+                self._line(index, *parsed)
+        self._unpaired_ooms()
+        return KernelLogFacts(
+            source=self.source,
+            line_count=len(self.lines),
+            xids=tuple(self.xids),
+            nvrm=tuple(self.nvrm),
+            oom_kills=tuple(sorted(self.ooms, key=lambda kill: kill.line.line)),
+            fell_off_bus=tuple(self.fell_off),
+            not_permitted=self.not_permitted,
+            findings=tuple(self.findings),
+        )
+
+    def _line(self, index: int, stamp: _Stamp, body: str) -> None:
         number = index + 1
-        parsed = stripped[index]
-        if parsed is None:
-            findings.append(too_long(source, number, len(line)))
-            continue
-        if index in consumed:
-            continue
-        stamp, body = parsed
-        cited = cite(source, number, line)
+        cited = cite(self.source, number, self.lines[index])
         if "fallen off the bus" in body.lower():
-            fell_off.append(cited)
+            self.fell_off.append(cited)
         if _NOT_PERMITTED.search(body):
-            not_permitted = True
-            findings.append(
+            self.not_permitted = True
+            self.findings.append(
                 Finding(
                     code="dmesg-not-permitted",
                     message="dmesg was refused (kernel.dmesg_restrict / no CAP_SYSLOG); "
                     "the kernel log is missing, not clean",
-                    source=source,
+                    source=self.source,
                     line=number,
                     severity="error",
                 )
             )
-            continue
-        if oom := _OOM_KILL.search(body):
+        elif oom := _OOM_KILL.search(body):
             fields = _oom_fields(oom["fields"])
             if "pid" in fields:
-                pending_oom[fields["pid"]] = fields | {"__line": str(index)}
-            continue
-        if oom := _OOM_KILLED.search(body):
-            fields = pending_oom.pop(oom["pid"], {})
-            ooms.append(
-                OomKill(
-                    pid=int(oom["pid"]),
-                    process_name=oom["name"],
-                    constraint=fields.get("constraint"),
-                    task_memcg=fields.get("task_memcg"),
-                    line=cited,
-                    timestamp=stamp.timestamp,
-                    time_text=stamp.time_text,
-                    uptime_s=stamp.uptime_s,
-                )
-            )
-            continue
-        if "NVRM:" not in body:
-            continue
+                self.pending_oom[fields["pid"]] = fields | {"__line": str(index)}
+        elif oom := _OOM_KILLED.search(body):
+            fields = self.pending_oom.pop(oom["pid"], {})
+            self.ooms.append(_oom_kill(int(oom["pid"]), oom["name"], fields, cited, stamp))
+        elif "NVRM:" in body:
+            self._nvrm(index, stamp, body, cited)
+
+    def _nvrm(self, index: int, stamp: _Stamp, body: str, cited: Line) -> None:
         if "Xid" in body:
             event = _xid(body, stamp, cited)
             if event is not None:
-                xids.append(event)
-                continue
-            findings.append(
+                self.xids.append(event)
+                return
+            self.findings.append(
                 Finding(
                     code="xid-unparsed",
                     message="NVRM line mentions Xid but is not in the Xid format",
-                    source=source,
-                    line=number,
+                    source=self.source,
+                    line=index + 1,
                 )
             )
         entry: dict[str, object] = {"line": cited, **stamp.as_fields()}
         if "API mismatch" in body:
-            joined = body
-            for follow in range(index + 1, min(index + 5, len(lines))):
-                nxt = stripped[follow]
-                if nxt is None or "NVRM:" not in nxt[1] or "API mismatch" in nxt[1]:
-                    break
-                if "Xid" in nxt[1]:
-                    break
-                joined += " " + nxt[1]
-                consumed.add(follow)
-            joined = re.sub(r"\s*(?:#012)?NVRM:\s*", " ", joined.replace("#012", " "))
-            client, module = _CLIENT.search(joined), _MODULE.search(joined)
-            entry |= {
-                "api_mismatch": True,
-                "client_version": client["v"] if client else None,
-                "kernel_version": module["v"] if module else None,
-            }
+            entry |= self._api_mismatch(index, body)
         init_failed = bool(_INIT_FAILED.search(body))
         entry |= {"init_failed": init_failed, "failed": init_failed or bool(_FAILED.search(body))}
-        nvrm.append(NvrmLine.model_validate(entry))
+        self.nvrm.append(NvrmLine.model_validate(entry))
 
-    for fields in pending_oom.values():  # "oom-kill:" seen without its "Killed process" line
-        index = int(fields["__line"])
-        stamp, _ = stripped[index] or (_Stamp(), "")
-        pid = fields.get("pid", "")
-        ooms.append(
-            OomKill(
-                pid=int(pid) if pid.isdecimal() and len(pid) <= 18 else None,
-                process_name=fields.get("task"),
-                constraint=fields.get("constraint"),
-                task_memcg=fields.get("task_memcg"),
-                line=cite(source, index + 1, lines[index]),
-                timestamp=stamp.timestamp,
-                time_text=stamp.time_text,
-                uptime_s=stamp.uptime_s,
-            )
-        )
-    ooms.sort(key=lambda kill: kill.line.line)
+    def _api_mismatch(self, index: int, body: str) -> dict[str, object]:
+        """The client and kernel module versions of an API-mismatch message, which the kernel
+        may split over up to five NVRM lines (joined here and skipped later)."""
+        joined = body
+        for follow in range(index + 1, min(index + 5, len(self.lines))):
+            nxt = self.stripped[follow]
+            if nxt is None or "NVRM:" not in nxt[1] or "API mismatch" in nxt[1]:
+                break
+            if "Xid" in nxt[1]:
+                break
+            joined += " " + nxt[1]
+            self.consumed.add(follow)
+        joined = re.sub(r"\s*(?:#012)?NVRM:\s*", " ", joined.replace("#012", " "))
+        client, module = _CLIENT.search(joined), _MODULE.search(joined)
+        return {
+            "api_mismatch": True,
+            "client_version": client["v"] if client else None,
+            "kernel_version": module["v"] if module else None,
+        }
 
-    return KernelLogFacts(
-        source=source,
-        line_count=len(lines),
-        xids=tuple(xids),
-        nvrm=tuple(nvrm),
-        oom_kills=tuple(ooms),
-        fell_off_bus=tuple(fell_off),
-        not_permitted=not_permitted,
-        findings=tuple(findings),
+    def _unpaired_ooms(self) -> None:
+        """An "oom-kill:" line seen without its "Killed process" line is a kill too."""
+        for fields in self.pending_oom.values():
+            index = int(fields["__line"])
+            stamp, _ = self.stripped[index] or (_Stamp(), "")
+            pid = fields.get("pid", "")
+            number = int(pid) if pid.isdecimal() and len(pid) <= 18 else None
+            cited = cite(self.source, index + 1, self.lines[index])
+            self.ooms.append(_oom_kill(number, fields.get("task"), fields, cited, stamp))
+
+
+def _oom_kill(
+    pid: int | None, name: str | None, fields: dict[str, str], line: Line, stamp: _Stamp
+) -> OomKill:
+    return OomKill(
+        pid=pid,
+        process_name=name,
+        constraint=fields.get("constraint"),
+        task_memcg=fields.get("task_memcg"),
+        line=line,
+        timestamp=stamp.timestamp,
+        time_text=stamp.time_text,
+        uptime_s=stamp.uptime_s,
     )

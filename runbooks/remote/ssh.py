@@ -18,7 +18,14 @@ from typing import Any
 
 import paramiko
 
-from runbooks.errors import AuthFailed, HostKeyRejected, HostUnreachable, InputError, TargetError
+from runbooks.errors import (
+    AuthFailed,
+    CudamedicError,
+    HostKeyRejected,
+    HostUnreachable,
+    InputError,
+    TargetError,
+)
 from runbooks.inventory import Host
 from runbooks.remote.runner import BoundedBuffer, CommandResult, Keep
 from runbooks.settings import Settings
@@ -83,53 +90,10 @@ class SshRunner:
         address = str(cfg.get("hostname", host.address))
         port = host.port if host.port != 22 else int(cfg.get("port", 22))
         user = host.user or cfg.get("user") or settings.ssh_user or "root"
-        key_files = [str(host.key_file)] if host.key_file else []
-        if not key_files and settings.ssh_key:
-            key_files = [str(settings.ssh_key)]
-        if not key_files and cfg.get("identityfile"):
-            key_files = [str(Path(p).expanduser()) for p in cfg["identityfile"]]
-
-        client = paramiko.SSHClient()
-        try:
-            client.load_system_host_keys()
-        except (OSError, paramiko.SSHException) as exc:
-            raise InputError(f"cannot read ~/.ssh/known_hosts: {exc}") from exc
-        extra = [settings.known_hosts] if settings.known_hosts else []
-        extra += [Path(p).expanduser() for p in str(cfg.get("userknownhostsfile", "")).split() if p]
-        for path in extra:
-            if path.is_file():
-                try:
-                    client.load_host_keys(str(path))
-                except (OSError, paramiko.SSHException) as exc:
-                    raise InputError(f"cannot read known_hosts file {path}: {exc}") from exc
-        policy: paramiko.MissingHostKeyPolicy
-        policy = _AcceptOnce() if host.accept_unknown_host_key else paramiko.RejectPolicy()
-        client.set_missing_host_key_policy(policy)
-
-        sock: Any = None
+        key_files = _key_files(host, settings, cfg)
+        client, policy = _client_with_host_keys(host, settings, cfg)
         jump_spec = host.jump or cfg.get("proxyjump")
-        if jump_spec:
-            if jump_host is None:
-                juser, jaddr, jport = _parse_jump(str(jump_spec))
-                jump_host = Host(
-                    name=jaddr.replace(":", "_") or "jump", address=jaddr, port=jport, user=juser
-                )
-            self._jump = SshRunner(jump_host, settings)
-            try:
-                transport = self._jump._client.get_transport()
-                assert transport is not None
-                sock = transport.open_channel(
-                    "direct-tcpip",
-                    (address, port),
-                    ("127.0.0.1", 0),
-                    timeout=settings.ssh_connect_timeout,
-                )
-            except (paramiko.SSHException, OSError) as exc:
-                self._jump.close()
-                raise HostUnreachable(
-                    f"{host.name}: jump host {jump_host.name} cannot reach {address}:{port}: {exc}"
-                ) from exc
-
+        sock = self._through_jump(str(jump_spec), jump_host, address, port) if jump_spec else None
         timeout = settings.ssh_connect_timeout
         where = f"{user}@{address}:{port}"
         try:
@@ -149,41 +113,36 @@ class SshRunner:
                 channel_timeout=timeout,
                 sock=sock,
             )
-        except paramiko.BadHostKeyException as exc:
-            raise HostKeyRejected(
-                f"{host.name} ({where}): host key CHANGED — got {exc.key.get_name()} "
-                f"{exc.key.fingerprint}, known_hosts has {exc.expected_key.fingerprint}. "
-                "Refusing to connect (possible man-in-the-middle). Verify the host, then update "
-                "known_hosts."
-            ) from None
-        except paramiko.AuthenticationException as exc:
-            raise AuthFailed(f"{host.name} ({where}): authentication failed: {exc}") from None
-        except paramiko.SSHException as exc:
-            text = str(exc)
-            if "not found in known_hosts" in text:
-                raise HostKeyRejected(
-                    f"{host.name} ({where}): unknown host key (not in known_hosts). Add it with "
-                    f"ssh-keyscan after verifying it, or set accept_unknown_host_key for this host."
-                ) from None
-            if "protocol banner" in text or "No existing session" in text:
-                # paramiko's words for a peer that accepts TCP and never speaks SSH
-                raise HostUnreachable(
-                    f"{host.name} ({where}): no SSH greeting within {timeout:g}s (the port "
-                    "accepts connections but nothing answers: a hung sshd, or not an SSH server)"
-                ) from None
-            raise HostUnreachable(f"{host.name} ({where}): SSH error: {text}") from None
-        except paramiko.ssh_exception.NoValidConnectionsError as exc:
-            reasons = sorted({getattr(e, "strerror", None) or str(e) for e in exc.errors.values()})
-            raise HostUnreachable(f"{host.name} ({where}): {'; '.join(reasons)}") from None
-        except TimeoutError as exc:
-            raise HostUnreachable(f"{host.name} ({where}): timed out after {timeout:g}s") from exc
-        except OSError as exc:
-            raise HostUnreachable(f"{host.name} ({where}): {exc.strerror or exc}") from None
-        except (ValueError, TypeError) as exc:  # bad key file contents and the like
-            raise InputError(f"{host.name} ({where}): {exc}") from None
+        except (paramiko.SSHException, OSError, ValueError, TypeError) as exc:
+            raise _connect_error(exc, host.name, where, timeout) from None
         if isinstance(policy, _AcceptOnce):
             self.accepted_host_key = policy.accepted
         return client
+
+    def _through_jump(
+        self, jump_spec: str, jump_host: Host | None, address: str, port: int
+    ) -> paramiko.Channel:
+        """A channel to address:port opened by the jump host (ProxyJump), kept in self._jump."""
+        if jump_host is None:
+            juser, jaddr, jport = _parse_jump(jump_spec)
+            jump_host = Host(
+                name=jaddr.replace(":", "_") or "jump", address=jaddr, port=jport, user=juser
+            )
+        self._jump = SshRunner(jump_host, self.settings)
+        try:
+            transport = self._jump._client.get_transport()
+            assert transport is not None
+            return transport.open_channel(
+                "direct-tcpip",
+                (address, port),
+                ("127.0.0.1", 0),
+                timeout=self.settings.ssh_connect_timeout,
+            )
+        except (paramiko.SSHException, OSError) as exc:
+            self._jump.close()
+            raise HostUnreachable(
+                f"{self.host.name}: jump host {jump_host.name} cannot reach {address}:{port}: {exc}"
+            ) from exc
 
     @property
     def transport(self) -> paramiko.Transport:
@@ -245,3 +204,71 @@ class SshRunner:
 def quote(value: str) -> str:
     """Shell-quote one argument for a remote POSIX shell."""
     return shlex.quote(value)
+
+
+def _key_files(host: Host, settings: Settings, cfg: dict[str, Any]) -> list[str]:
+    """The host's key file, else the settings' key, else ~/.ssh/config's IdentityFile(s)."""
+    if host.key_file:
+        return [str(host.key_file)]
+    if settings.ssh_key:
+        return [str(settings.ssh_key)]
+    return [str(Path(p).expanduser()) for p in cfg.get("identityfile") or []]
+
+
+def _client_with_host_keys(
+    host: Host, settings: Settings, cfg: dict[str, Any]
+) -> tuple[paramiko.SSHClient, paramiko.MissingHostKeyPolicy]:
+    """A client that knows the system's, the settings' and ~/.ssh/config's known hosts and
+    rejects unknown keys (unless the inventory opts in for this host)."""
+    client = paramiko.SSHClient()
+    try:
+        client.load_system_host_keys()
+    except (OSError, paramiko.SSHException) as exc:
+        raise InputError(f"cannot read ~/.ssh/known_hosts: {exc}") from exc
+    extra = [settings.known_hosts] if settings.known_hosts else []
+    extra += [Path(p).expanduser() for p in str(cfg.get("userknownhostsfile", "")).split() if p]
+    for path in extra:
+        if path.is_file():
+            try:
+                client.load_host_keys(str(path))
+            except (OSError, paramiko.SSHException) as exc:
+                raise InputError(f"cannot read known_hosts file {path}: {exc}") from exc
+    policy: paramiko.MissingHostKeyPolicy
+    policy = _AcceptOnce() if host.accept_unknown_host_key else paramiko.RejectPolicy()
+    client.set_missing_host_key_policy(policy)
+    return client, policy
+
+
+def _connect_error(exc: Exception, name: str, where: str, timeout: float) -> CudamedicError:
+    """What a failed connect means, in words a person can act on."""
+    if isinstance(exc, paramiko.BadHostKeyException):
+        return HostKeyRejected(
+            f"{name} ({where}): host key CHANGED — got {exc.key.get_name()} "
+            f"{exc.key.fingerprint}, known_hosts has {exc.expected_key.fingerprint}. "
+            "Refusing to connect (possible man-in-the-middle). Verify the host, then update "
+            "known_hosts."
+        )
+    if isinstance(exc, paramiko.AuthenticationException):
+        return AuthFailed(f"{name} ({where}): authentication failed: {exc}")
+    if isinstance(exc, paramiko.SSHException):
+        text = str(exc)
+        if "not found in known_hosts" in text:
+            return HostKeyRejected(
+                f"{name} ({where}): unknown host key (not in known_hosts). Add it with "
+                f"ssh-keyscan after verifying it, or set accept_unknown_host_key for this host."
+            )
+        if "protocol banner" in text or "No existing session" in text:
+            # paramiko's words for a peer that accepts TCP and never speaks SSH
+            return HostUnreachable(
+                f"{name} ({where}): no SSH greeting within {timeout:g}s (the port "
+                "accepts connections but nothing answers: a hung sshd, or not an SSH server)"
+            )
+        return HostUnreachable(f"{name} ({where}): SSH error: {text}")
+    if isinstance(exc, paramiko.ssh_exception.NoValidConnectionsError):
+        reasons = sorted({getattr(e, "strerror", None) or str(e) for e in exc.errors.values()})
+        return HostUnreachable(f"{name} ({where}): {'; '.join(reasons)}")
+    if isinstance(exc, TimeoutError):
+        return HostUnreachable(f"{name} ({where}): timed out after {timeout:g}s")
+    if isinstance(exc, OSError):
+        return HostUnreachable(f"{name} ({where}): {exc.strerror or exc}")
+    return InputError(f"{name} ({where}): {exc}")  # bad key file contents and the like
