@@ -21,7 +21,9 @@ from runbooks import knowledge
 from runbooks.evidence.nvidia_smi import XmlGpu
 from runbooks.facts import ContainerFacts, Facts, Origin, origin_of
 from runbooks.judgments import (
+    cuda_beyond_driver,
     ecc_tripped,
+    host_driver,
     in_window,
     inspect_line,
     memlock_low,
@@ -373,9 +375,7 @@ def driver_library_mismatch(facts: Facts) -> Match | None:
 @rule(Incident.DRIVER_TOO_OLD)
 def driver_too_old(facts: Facts) -> Match | None:
     match = sig_match(facts, Incident.DRIVER_TOO_OLD)
-    driver = (facts.smi.driver_version if facts.smi else None) or (
-        facts.smi_xml.driver_version if facts.smi_xml else None
-    )
+    driver = host_driver(facts)
     for report in facts.env_reports:
         have = report.driver or driver
         # Code compiled by a newer toolkit (PTX) needs the newer driver: no minor-version
@@ -393,30 +393,9 @@ def driver_too_old(facts: Facts) -> Match | None:
                     f"{what} {wanted}; driver {have} supports at most "
                     f"CUDA {knowledge.max_cuda_for_driver(have) or '?'}",
                 )
-    if driver is None:
-        return match
-    for c in facts.containers.values():
-        wanted = (c.torch.cuda if c.torch and c.torch.cuda else None) or (
-            c.inspect.image_cuda if c.inspect else None
-        )
-        if not wanted:
-            continue
-        ok = knowledge.driver_satisfies(driver, wanted)
-        if ok is False:
-            line = (
-                facts.smi.status_line
-                if facts.smi and facts.smi.status_line
-                else Line(source="nvidia-smi.txt", line=0, text=f"Driver Version: {driver}")
-            )
-            image = c.inspect.image if c.inspect else c.name
-            return _boost(
-                match,
-                Incident.DRIVER_TOO_OLD,
-                0.85,
-                [line],
-                f"image {image} needs CUDA {wanted}; driver {driver} supports at most "
-                f"CUDA {knowledge.max_cuda_for_driver(driver) or '?'}",
-            )
+    beyond = cuda_beyond_driver(facts)
+    if beyond:
+        return _boost(match, Incident.DRIVER_TOO_OLD, 0.85, [beyond[0].line], beyond[0].reason)
     return match
 
 
