@@ -19,6 +19,7 @@ from datetime import datetime, timedelta
 from runbooks import knowledge
 from runbooks.evidence.nvidia_smi import XmlGpu
 from runbooks.evidence.probes import ToolkitVersion, version_tuple
+from runbooks.evidence.topology import Topology
 from runbooks.facts import ContainerFacts, Facts
 from runbooks.model import Frozen, Line
 from runbooks.runbook import Thresholds
@@ -214,3 +215,20 @@ def cuda_beyond_driver(facts: Facts) -> list[CudaMismatch]:
             CudaMismatch(container=c.name, image=image, wanted=wanted, driver=driver, line=line)
         )
     return out
+
+
+# -- the node's GPU interconnect -----------------------------------------------------------------
+def node_interconnect(topology: Topology | None) -> str | None:
+    """What `nvidia-smi topo -m` says joins the node's GPUs, in the words of
+    knowledge/nccl_floors.yaml: "nvlink" (every GPU pair over NVLink: NVSwitch or a full mesh),
+    "pcie" (no pair over NVLink: PIX/PXB/PHB/NODE/SYS), None when unknown or mixed (some pairs
+    over NVLink, some not: a bridged pair or a partial mesh; the most lenient floor applies).
+    """
+    if topology is None or not topology.links:
+        return None
+    kinds = [k.startswith("NV") for k in topology.links.values()]
+    if all(kinds):
+        return "nvlink"
+    if not any(kinds):
+        return "pcie"
+    return None

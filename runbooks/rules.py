@@ -27,6 +27,7 @@ from runbooks.judgments import (
     in_window,
     inspect_line,
     memlock_low,
+    node_interconnect,
     shm_line,
     shm_size,
     shm_small,
@@ -876,7 +877,7 @@ def nccl_below_floor(facts: Facts) -> NcclShortfall | None:
     # The run's own device lines, else the host's nvidia-smi (same node).
     model = nccl.gpu_models[0] if nccl.gpu_models else _host_model(facts)
     count = nccl.n_ranks or len(nccl.devices) or facts.host_gpu_count
-    floor, basis = _floor(model, count)
+    floor, basis = _floor(model, count, node_interconnect(facts.topology))
     if floor is None or model is None or measured >= floor:
         return None
     return NcclShortfall(
@@ -940,13 +941,16 @@ def _host_model(facts: Facts) -> str | None:
     return None
 
 
-def _floor(model: str | None, count: int) -> tuple[float | None, str]:
-    """The published floor for this exact node (model, GPU count); else a conservative lower
-    bound: the lowest PCIe-only floor of the same GPU generation with no more GPUs. An NVLink
-    node of that generation that cannot reach even the PCIe node's floor is on a slow path."""
+def _floor(
+    model: str | None, count: int, interconnect: str | None = None
+) -> tuple[float | None, str]:
+    """The published floor for this exact node (model, GPU count, and the interconnect its
+    `nvidia-smi topo -m` shows, when collected); else a conservative lower bound: the lowest
+    PCIe-only floor of the same GPU generation with no more GPUs. An NVLink node of that
+    generation that cannot reach even the PCIe node's floor is on a slow path."""
     if not model or count < 2:
         return None, ""
-    exact = knowledge.nccl_floor(model, count, None)
+    exact = knowledge.nccl_floor(model, count, interconnect)
     if exact is not None:
         return exact.min_busbw_gbps, "the published floor"
     key = knowledge.gpu_model_key(model)

@@ -119,3 +119,20 @@ def test_repeated_xid_is_one_finding_per_code_and_gpu(tmp_path: Path) -> None:
     xid13 = [f for f in h.findings if f.code == "xid-13"]
     assert [f.subject for f in xid13] == ["0000:cb:00"]
     assert "3 line(s)" in xid13[0].message and len(xid13[0].evidence) == 3
+
+
+# -- 6. the node's interconnect from `nvidia-smi topo -m` ------------------------------------------
+def test_interconnect_is_read_from_the_nodes_topology(tmp_path: Path) -> None:
+    """4 GPUs all paired over NV1/NV2 (NVIDIA/nccl-tests#93): NVLink; 2 GPUs across PCIe host
+    bridges (NODE, NVIDIA/nccl#2079): PCIe. nccl_below_floor picks the floor for that."""
+    from runbooks.judgments import node_interconnect
+
+    nvlink = corpus_facts(
+        tmp_path, "nccl-slow-transport--nccl-tests-horovodrun-two-containers-nvlink-host-half-busbw"
+    )
+    pcie = corpus_facts(
+        tmp_path, "nccl-slow-transport--rtx5880-allreduce-deadlock-acs-on-amd-root-bridges"
+    )
+    assert node_interconnect(nvlink.topology) == "nvlink"
+    assert node_interconnect(pcie.topology) == "pcie"
+    assert node_interconnect(None) is None
