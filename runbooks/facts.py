@@ -28,11 +28,13 @@ from runbooks.evidence.probes import (
     DockerInfo,
     EnvReport,
     Filesystem,
+    ToolkitVersion,
     TorchProbe,
     Ulimits,
     parse_df,
     parse_docker_info,
     parse_env_report,
+    parse_toolkit_version,
     parse_torch_probe,
     parse_ulimit,
     python_exceptions,
@@ -80,6 +82,7 @@ class Facts(BaseModel):
     df: tuple[Filesystem, ...] = ()
     toolkit: str | None = None  # commands/container-toolkit.txt, as written
     toolkit_missing: bool = False
+    toolkit_version: ToolkitVersion | None = None  # parsed from `toolkit`
     lsmod: str | None = None
     host_ulimits: Ulimits | None = None  # commands/*.txt holding `ulimit -a` or /proc/PID/limits
     topology: Topology | None = None  # commands/*.txt holding `nvidia-smi topo -m`
@@ -217,6 +220,7 @@ def gather(bundle: Bundle) -> Facts:
     facts.uptime_s = parse_uptime(files.get("commands/uptime.txt"))
     if (text := files.get("commands/container-toolkit.txt")) is not None:
         facts.toolkit = text.strip() or None
+        facts.toolkit_version = parse_toolkit_version(text, "commands/container-toolkit.txt")
     if (text := files.get("commands/lsmod-nvidia.txt")) is not None:
         facts.lsmod = text
     if facts.toolkit_missing:

@@ -26,11 +26,13 @@ from runbooks import knowledge
 from runbooks.facts import Facts
 from runbooks.judgments import (
     MIB,
+    cuda_beyond_driver,
     ecc_tripped,
     in_window,
     memlock_low,
     shm_size,
     shm_small,
+    toolkit_too_old,
     uses_rdma,
 )
 from runbooks.model import Frozen, Line
@@ -283,6 +285,17 @@ def _stragglers(facts: Facts, t: Thresholds) -> list[HealthFinding]:
 
 
 def _toolkit(facts: Facts) -> list[HealthFinding]:
+    old = toolkit_too_old(facts)
+    if old is not None:
+        return [
+            HealthFinding(
+                code="toolkit-old",
+                level="warning",
+                message=f"NVIDIA Container Toolkit {old.version} is older than "
+                f"{facts.thresholds.toolkit_min_version}",
+                evidence=(old.line,),
+            )
+        ]
     if not facts.toolkit_missing:
         return []
     return [
@@ -296,7 +309,16 @@ def _toolkit(facts: Facts) -> list[HealthFinding]:
 
 
 def _containers(facts: Facts, t: Thresholds) -> list[HealthFinding]:
-    out = []
+    out = [
+        HealthFinding(
+            code="container-driver-too-old",
+            level="warning",
+            subject=m.container,
+            message=f"{m.container}: {m.reason}",
+            evidence=(m.line,),
+        )
+        for m in cuda_beyond_driver(facts)
+    ]
     for name, c in sorted(facts.containers.items()):
         ins = c.inspect
         if ins is None or not ins.wants_gpu:
@@ -309,6 +331,24 @@ def _containers(facts: Facts, t: Thresholds) -> list[HealthFinding]:
                     subject=name,
                     message=f"{name} ({ins.image}) wants GPUs but was started without --gpus",
                     evidence=tuple(ln for ln in [c.inspect_lines.get("DeviceRequests")] if ln),
+                )
+            )
+        probe = c.torch
+        if (
+            probe is not None
+            and probe.present
+            and probe.is_available is False
+            and (ins.has_gpu_access or probe.cpu_only)  # else: container-no-gpu-request
+        ):
+            cpu_only = probe.cpu_only
+            out.append(
+                HealthFinding(
+                    code="container-torch-cpu-only" if cpu_only else "container-cuda-unavailable",
+                    level="warning",
+                    subject=name,
+                    message=f"{name}: torch.cuda.is_available() is False (torch {probe.torch}, "
+                    f"CUDA {probe.cuda}{'; a build without CUDA' if cpu_only else ''})",
+                    evidence=(probe.line,) if probe.line else (),
                 )
             )
         if shm_small(c, t):
@@ -380,8 +420,14 @@ _INCIDENT_OF: dict[str, Incident] = {
     "gpu-hot": Incident.GPU_HARDWARE_FAULT,
     "gpu-straggler": Incident.GPU_HARDWARE_FAULT,
     "toolkit-missing": Incident.CONTAINER_TOOLKIT_MISSING,
+    "toolkit-old": Incident.CONTAINER_TOOLKIT_MISSING,
+    "container-driver-too-old": Incident.DRIVER_TOO_OLD,
     "container-no-gpu-request": Incident.GPU_NOT_REQUESTED,
     "container-shm-small": Incident.SHM_TOO_SMALL,
+    "container-torch-cpu-only": Incident.CPU_ONLY_BUILD,
+    # GPUs given, torch built with CUDA, yet no device: a driver/runtime problem whose cause
+    # the probe alone does not name (driver-too-old, when the versions show it, is reported too).
+    "container-cuda-unavailable": Incident.UNKNOWN,
     "container-memlock-low": Incident.MEMLOCK_LIMIT,
     "disk-full": Incident.DISK_FULL,
     "nccl-bandwidth-low": Incident.NCCL_SLOW_TRANSPORT,

@@ -1,8 +1,9 @@
 """Judgments of facts that the incident rules (rules.py) and the host health checks (health.py)
 both make (PURE): is this /dev/shm small, this memlock limit low, this kernel event recent, this
-GPU's ECC record a fault. One function each, and every threshold comes from `Thresholds`
-(runbook.py; a runbook may change it; `Facts.thresholds` carries the one in force): a diagnosis
-and a sweep verdict can never disagree about the same fact.
+GPU's ECC record a fault, this Container Toolkit too old, this image's CUDA beyond this driver.
+One function each, and every threshold comes from `Thresholds` (runbook.py; a runbook may change
+it; `Facts.thresholds` carries the one in force): a diagnosis and a sweep verdict can never
+disagree about the same fact.
 
 Time: an event's age is measured from one reference — the collection time for dated lines, the
 host's uptime (``/proc/uptime``) for raw ``dmesg`` stamps, and the newest kernel event only when
@@ -17,8 +18,10 @@ from datetime import datetime, timedelta
 
 from runbooks import knowledge
 from runbooks.evidence.nvidia_smi import XmlGpu
+from runbooks.evidence.probes import ToolkitVersion, version_tuple
+from runbooks.evidence.topology import Topology
 from runbooks.facts import ContainerFacts, Facts
-from runbooks.model import Line
+from runbooks.model import Frozen, Line
 from runbooks.runbook import Thresholds
 
 MIB = 1024 * 1024
@@ -151,3 +154,81 @@ def ecc_tripped(gpu: XmlGpu) -> list[tuple[str, knowledge.EccRule, dict[str, int
         for name, r in knowledge.ecc_rules().rules()
         if r.trips(values, pending_blacklist=pending)
     ]
+
+
+# -- NVIDIA Container Toolkit --------------------------------------------------------------------
+def toolkit_too_old(facts: Facts) -> ToolkitVersion | None:
+    """The host's NVIDIA Container Toolkit version when it is under `toolkit_min_version`."""
+    found = facts.toolkit_version
+    if found is None:
+        return None
+    if version_tuple(found.version) < version_tuple(facts.thresholds.toolkit_min_version):
+        return found
+    return None
+
+
+# -- CUDA of an image vs the host's driver -------------------------------------------------------
+class CudaMismatch(Frozen):
+    container: str
+    image: str
+    wanted: str  # the CUDA the container needs (torch.version.cuda, else the image's CUDA)
+    driver: str
+    line: Line  # the host's driver line
+
+    @property
+    def reason(self) -> str:
+        return (
+            f"image {self.image} needs CUDA {self.wanted}; driver {self.driver} supports at most "
+            f"CUDA {knowledge.max_cuda_for_driver(self.driver) or '?'}"
+        )
+
+
+def host_driver(facts: Facts) -> str | None:
+    """The host's driver version (nvidia-smi table, else its XML)."""
+    return (facts.smi.driver_version if facts.smi else None) or (
+        facts.smi_xml.driver_version if facts.smi_xml else None
+    )
+
+
+def cuda_beyond_driver(facts: Facts) -> list[CudaMismatch]:
+    """Containers whose CUDA (the torch probe's torch.version.cuda, else the image's
+    CUDA_VERSION / NVIDIA_REQUIRE_CUDA) the host's driver cannot run (knowledge/cuda_driver.yaml;
+    minor-version compatibility counts unless `cuda_minor_compat` is off)."""
+    driver = host_driver(facts)
+    if driver is None:
+        return []
+    strict = not facts.thresholds.cuda_minor_compat
+    out = []
+    for c in facts.containers.values():
+        wanted = (c.torch.cuda if c.torch and c.torch.cuda else None) or (
+            c.inspect.image_cuda if c.inspect else None
+        )
+        if not wanted or knowledge.driver_satisfies(driver, wanted, strict=strict) is not False:
+            continue
+        line = (
+            facts.smi.status_line
+            if facts.smi and facts.smi.status_line
+            else Line(source="nvidia-smi.txt", line=0, text=f"Driver Version: {driver}")
+        )
+        image = c.inspect.image if c.inspect else c.name
+        out.append(
+            CudaMismatch(container=c.name, image=image, wanted=wanted, driver=driver, line=line)
+        )
+    return out
+
+
+# -- the node's GPU interconnect -----------------------------------------------------------------
+def node_interconnect(topology: Topology | None) -> str | None:
+    """What `nvidia-smi topo -m` says joins the node's GPUs, in the words of
+    knowledge/nccl_floors.yaml: "nvlink" (every GPU pair over NVLink: NVSwitch or a full mesh),
+    "pcie" (no pair over NVLink: PIX/PXB/PHB/NODE/SYS), None when unknown or mixed (some pairs
+    over NVLink, some not: a bridged pair or a partial mesh; the most lenient floor applies).
+    """
+    if topology is None or not topology.links:
+        return None
+    kinds = [k.startswith("NV") for k in topology.links.values()]
+    if all(kinds):
+        return "nvlink"
+    if not any(kinds):
+        return "pcie"
+    return None

@@ -21,10 +21,13 @@ from runbooks import knowledge
 from runbooks.evidence.nvidia_smi import XmlGpu
 from runbooks.facts import ContainerFacts, Facts, Origin, origin_of
 from runbooks.judgments import (
+    cuda_beyond_driver,
     ecc_tripped,
+    host_driver,
     in_window,
     inspect_line,
     memlock_low,
+    node_interconnect,
     shm_line,
     shm_size,
     shm_small,
@@ -373,9 +376,7 @@ def driver_library_mismatch(facts: Facts) -> Match | None:
 @rule(Incident.DRIVER_TOO_OLD)
 def driver_too_old(facts: Facts) -> Match | None:
     match = sig_match(facts, Incident.DRIVER_TOO_OLD)
-    driver = (facts.smi.driver_version if facts.smi else None) or (
-        facts.smi_xml.driver_version if facts.smi_xml else None
-    )
+    driver = host_driver(facts)
     for report in facts.env_reports:
         have = report.driver or driver
         # Code compiled by a newer toolkit (PTX) needs the newer driver: no minor-version
@@ -393,30 +394,9 @@ def driver_too_old(facts: Facts) -> Match | None:
                     f"{what} {wanted}; driver {have} supports at most "
                     f"CUDA {knowledge.max_cuda_for_driver(have) or '?'}",
                 )
-    if driver is None:
-        return match
-    for c in facts.containers.values():
-        wanted = (c.torch.cuda if c.torch and c.torch.cuda else None) or (
-            c.inspect.image_cuda if c.inspect else None
-        )
-        if not wanted:
-            continue
-        ok = knowledge.driver_satisfies(driver, wanted)
-        if ok is False:
-            line = (
-                facts.smi.status_line
-                if facts.smi and facts.smi.status_line
-                else Line(source="nvidia-smi.txt", line=0, text=f"Driver Version: {driver}")
-            )
-            image = c.inspect.image if c.inspect else c.name
-            return _boost(
-                match,
-                Incident.DRIVER_TOO_OLD,
-                0.85,
-                [line],
-                f"image {image} needs CUDA {wanted}; driver {driver} supports at most "
-                f"CUDA {knowledge.max_cuda_for_driver(driver) or '?'}",
-            )
+    beyond = cuda_beyond_driver(facts)
+    if beyond:
+        return _boost(match, Incident.DRIVER_TOO_OLD, 0.85, [beyond[0].line], beyond[0].reason)
     return match
 
 
@@ -897,7 +877,7 @@ def nccl_below_floor(facts: Facts) -> NcclShortfall | None:
     # The run's own device lines, else the host's nvidia-smi (same node).
     model = nccl.gpu_models[0] if nccl.gpu_models else _host_model(facts)
     count = nccl.n_ranks or len(nccl.devices) or facts.host_gpu_count
-    floor, basis = _floor(model, count)
+    floor, basis = _floor(model, count, node_interconnect(facts.topology))
     if floor is None or model is None or measured >= floor:
         return None
     return NcclShortfall(
@@ -961,13 +941,16 @@ def _host_model(facts: Facts) -> str | None:
     return None
 
 
-def _floor(model: str | None, count: int) -> tuple[float | None, str]:
-    """The published floor for this exact node (model, GPU count); else a conservative lower
-    bound: the lowest PCIe-only floor of the same GPU generation with no more GPUs. An NVLink
-    node of that generation that cannot reach even the PCIe node's floor is on a slow path."""
+def _floor(
+    model: str | None, count: int, interconnect: str | None = None
+) -> tuple[float | None, str]:
+    """The published floor for this exact node (model, GPU count, and the interconnect its
+    `nvidia-smi topo -m` shows, when collected); else a conservative lower bound: the lowest
+    PCIe-only floor of the same GPU generation with no more GPUs. An NVLink node of that
+    generation that cannot reach even the PCIe node's floor is on a slow path."""
     if not model or count < 2:
         return None, ""
-    exact = knowledge.nccl_floor(model, count, None)
+    exact = knowledge.nccl_floor(model, count, interconnect)
     if exact is not None:
         return exact.min_busbw_gbps, "the published floor"
     key = knowledge.gpu_model_key(model)

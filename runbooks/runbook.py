@@ -55,6 +55,11 @@ class Thresholds(_Strict):
     )
     straggler_ratio: float = Field(default=0.8, gt=0, le=1)  # GPU clock under ratio x median
     memlock_for_rdma: bool = True  # flag RDMA containers without an unlimited memlock
+    # NVIDIA Container Toolkit (nvidia-ctk / nvidia-container-cli --version): warning below
+    toolkit_min_version: str = Field(default="1.13", pattern=r"^\d+(\.\d+){0,2}$")
+    # An image's CUDA runs on a driver at the minor-version-compatibility floor of its major
+    # family (NVIDIA's CUDA Compatibility guide); false: only on the toolkit's own driver.
+    cuda_minor_compat: bool = True
 
 
 class Breaker(_Strict):

@@ -380,3 +380,35 @@ def parse_env_report(text: str, source: str) -> EnvReport:
         nvcc=nvcc,
         lines=tuple(cited[:8]),
     )
+
+
+# ``nvidia-ctk --version`` prints "NVIDIA Container Toolkit CLI version 1.12.0"; the older
+# ``nvidia-container-cli --version`` prints "version: 1.0.7" (libnvidia-container), newer ones
+# "cli-version: 1.14.3" and "lib-version: ...".
+_TOOLKIT_VERSION = re.compile(
+    r"(?im)^\s*(?:NVIDIA Container Toolkit CLI version|(?:cli-)?version:)\s*v?(\d+\.\d+(?:\.\d+)?)"
+)
+
+
+class ToolkitVersion(Frozen):
+    version: str  # "1.12.0"
+    line: Line
+
+
+def parse_toolkit_version(
+    text: str, source: str = "commands/container-toolkit.txt"
+) -> ToolkitVersion | None:
+    """The NVIDIA Container Toolkit version a host's ``nvidia-ctk --version`` /
+    ``nvidia-container-cli --version`` printed, with its line; None when it says none."""
+    m = _TOOLKIT_VERSION.search(text)
+    if m is None:
+        return None
+    number = text.count("\n", 0, m.start()) + 1
+    raw = text.splitlines()[number - 1] if text.splitlines() else m.group(0)
+    return ToolkitVersion(version=m.group(1), line=Line(source=source, line=number, text=raw[:300]))
+
+
+def version_tuple(version: str) -> tuple[int, ...]:
+    """ "1.13" -> (1, 13); "1.12.0" -> (1, 12, 0); text after the numbers is ignored."""
+    m = re.match(r"\s*v?(\d+(?:\.\d+)*)", version)
+    return tuple(int(p) for p in m.group(1).split(".")) if m else ()

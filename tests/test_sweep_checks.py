@@ -1,0 +1,138 @@
+"""Issue 16: the checks an operator expects from a health sweep, each tripped by a real recorded
+output (tests/fixtures/*/X.source, tests/corpus/*/case.yaml name the public source) and each
+left alone by a healthy one, from the bundle files through `gather` -> `check_host` -> finding."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from runbooks.bundle import open_bundle
+from runbooks.classify import diagnose
+from runbooks.facts import Facts, gather
+from runbooks.health import HostHealth, check_host, incident_of
+from runbooks.runbook import Thresholds
+from runbooks.taxonomy import Incident
+from tests.test_health import facts_of
+
+CORPUS = Path(__file__).parent / "corpus"
+
+
+def keys(h: HostHealth) -> set[str]:
+    return {f.key for f in h.findings}
+
+
+def corpus_facts(tmp_path: Path, case: str, extra: dict[str, Path] | None = None) -> Facts:
+    """A corpus bundle (plus recorded files from other real outputs), read as the sweep does."""
+    dest = tmp_path / case
+    shutil.copytree(CORPUS / case, dest, ignore=shutil.ignore_patterns("case.yaml"))
+    for rel, src in (extra or {}).items():
+        (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(src, dest / rel)
+    with open_bundle(dest) as b:
+        return gather(b)
+
+
+# -- 1. NVIDIA Container Toolkit >= 1.13 ----------------------------------------------------------
+def test_toolkit_1_12_is_older_than_the_floor(tmp_path: Path) -> None:
+    """`nvidia-ctk --version` 1.12.0 (NVIDIA/nvidia-container-toolkit#50) is under 1.13."""
+    facts = facts_of(
+        tmp_path,
+        {
+            "nvidia-smi.txt": "nvidia-smi/h100-sxm-8gpu.txt",
+            "commands/container-toolkit.txt": "host-commands/nvidia-ctk-version.txt",
+        },
+    )
+    h = check_host("h1", facts, Thresholds())
+    old = [f for f in h.findings if f.code == "toolkit-old"]
+    assert len(old) == 1 and h.verdict == "warning"
+    assert "1.12.0 is older than 1.13" in old[0].message
+    assert old[0].evidence[0].text == "NVIDIA Container Toolkit CLI version 1.12.0"
+    assert old[0].evidence[0].source == "commands/container-toolkit.txt"
+    assert incident_of("toolkit-old") == Incident.CONTAINER_TOOLKIT_MISSING
+    # The floor is the runbook's: at 1.12 the same output is fine.
+    assert "toolkit-old" not in keys(
+        check_host("h1", facts, Thresholds(toolkit_min_version="1.12"))
+    )
+
+
+def test_old_nvidia_container_cli_version_is_read_too(tmp_path: Path) -> None:
+    """`nvidia-container-cli --version` of libnvidia-container 1.0.7 (NVIDIA/nvidia-docker#1232)."""
+    facts = facts_of(
+        tmp_path,
+        {"commands/container-toolkit.txt": "host-commands/nvidia-container-cli-version.txt"},
+    )
+    assert facts.toolkit_version is not None and facts.toolkit_version.version == "1.0.7"
+    assert "toolkit-old" in keys(check_host("h1", facts, Thresholds()))
+    assert "toolkit-old" not in keys(check_host("h", facts, Thresholds(toolkit_min_version="1.0")))
+
+
+# -- 2. /dev/shm >= 1 GiB for GPU containers ------------------------------------------------------
+def test_shm_64m_container_warns_and_1g_does_not(tmp_path: Path) -> None:
+    """A vLLM container started with Docker's default 64 MiB /dev/shm (vllm-project/vllm#1710),
+    and a TGI container given --shm-size 1g (driver-too-old--llm-swarm-tgi-111...)."""
+    small = corpus_facts(tmp_path, "shm-too-small--vllm-tp2-docker-ray-dev-shm-64mb")
+    h = check_host("h1", small, Thresholds())
+    shm = [f for f in h.findings if f.code == "container-shm-small"]
+    assert [f.subject for f in shm] == ["vllm"]
+    assert "64 MiB (< 1024 MiB" in shm[0].message
+    assert '"ShmSize": 67108864' in shm[0].evidence[0].text
+    big = corpus_facts(tmp_path, "driver-too-old--llm-swarm-tgi-111-unsatisfied-condition-cuda-118")
+    assert not [f for f in check_host("h1", big, Thresholds()).findings if "shm" in f.code]
+
+
+# -- 4. the image's CUDA against the host's driver -------------------------------------------------
+ANIBALI = "gpu-not-requested--anibali-pytorch-nvcc-nvidia-smi-not-found"  # CUDA 10.1 image
+
+
+def test_cuda_10_1_image_on_driver_375_is_flagged_before_it_crashes(tmp_path: Path) -> None:
+    """The anibali/pytorch image (CUDA_VERSION 10.1, anibali/docker-pytorch#27) on a host whose
+    driver is 375.26 (NVIDIA/DIGITS#2005): CUDA 10.1 needs 418.39. One judgment with the
+    incident rule driver-too-old."""
+    fixtures = Path(__file__).parent / "fixtures"
+    facts = corpus_facts(
+        tmp_path,
+        ANIBALI,
+        {"nvidia-smi.txt": fixtures / "nvidia-smi" / "k40m-exclusive-process-fragment.txt"},
+    )
+    h = check_host("h1", facts, Thresholds())
+    found = [f for f in h.findings if f.code == "container-driver-too-old"]
+    assert [f.subject for f in found] == ["pytorch"]
+    assert "needs CUDA 10.1; driver 375.26 supports at most CUDA" in found[0].message
+    assert found[0].incident == Incident.DRIVER_TOO_OLD
+    d = diagnose(facts)
+    assert "container-driver-too-old@pytorch" in {f.code for f in d.findings}
+    assert any(m.incident == Incident.DRIVER_TOO_OLD for m in d.matches)
+
+
+def test_cuda_10_1_image_on_its_own_hosts_driver_is_fine(tmp_path: Path) -> None:
+    """The same image on the reporter's own host (driver 435.21 >= 418.39)."""
+    h = check_host("h1", corpus_facts(tmp_path, ANIBALI), Thresholds())
+    assert "container-driver-too-old@pytorch" not in keys(h)
+
+
+# -- 8. Xid dedup per (code, GPU) ---------------------------------------------------------------
+def test_repeated_xid_is_one_finding_per_code_and_gpu(tmp_path: Path) -> None:
+    """Three Xid 13 lines on 0000:cb:00 (leptonai/gpud#46): one finding citing them."""
+    facts = facts_of(tmp_path, {"dmesg.txt": "dmesg/xid13-109-ctime.txt"})
+    h = check_host("h1", facts, Thresholds())
+    xid13 = [f for f in h.findings if f.code == "xid-13"]
+    assert [f.subject for f in xid13] == ["0000:cb:00"]
+    assert "3 line(s)" in xid13[0].message and len(xid13[0].evidence) == 3
+
+
+# -- 6. the node's interconnect from `nvidia-smi topo -m` ------------------------------------------
+def test_interconnect_is_read_from_the_nodes_topology(tmp_path: Path) -> None:
+    """4 GPUs all paired over NV1/NV2 (NVIDIA/nccl-tests#93): NVLink; 2 GPUs across PCIe host
+    bridges (NODE, NVIDIA/nccl#2079): PCIe. nccl_below_floor picks the floor for that."""
+    from runbooks.judgments import node_interconnect
+
+    nvlink = corpus_facts(
+        tmp_path, "nccl-slow-transport--nccl-tests-horovodrun-two-containers-nvlink-host-half-busbw"
+    )
+    pcie = corpus_facts(
+        tmp_path, "nccl-slow-transport--rtx5880-allreduce-deadlock-acs-on-amd-root-bridges"
+    )
+    assert node_interconnect(nvlink.topology) == "nvlink"
+    assert node_interconnect(pcie.topology) == "pcie"
+    assert node_interconnect(None) is None
