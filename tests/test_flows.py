@@ -255,18 +255,15 @@ def test_unattended_policy_and_the_circuit_breaker(
 
 
 # -- the fleet sweep ---------------------------------------------------------------------------
-# Every lab host with a toolkit replays the real `nvidia-ctk --version` 1.12.0 (fixtures/
-# host-commands/nvidia-ctk-version.txt), under the sweep's 1.13 floor: toolkit-old there too.
-_OLD = "toolkit-old"
 EXPECTED = {  # lab host -> (verdict, finding codes) with nccl-tests on
-    "gpu-healthy": ("warning", {_OLD}),
-    "gpu-xid79": ("drain", {"xid-79@0000:02:00", _OLD}),
-    "gpu-nodriver": ("drain", {"driver-not-loaded", _OLD}),
-    "gpu-mismatch": ("drain", {"driver-library-mismatch", _OLD}),
-    "gpu-slow-nccl": ("warning", {"nccl-bandwidth-low", _OLD}),
+    "gpu-healthy": ("healthy", set()),
+    "gpu-xid79": ("drain", {"xid-79@0000:02:00"}),
+    "gpu-nodriver": ("drain", {"driver-not-loaded"}),
+    "gpu-mismatch": ("drain", {"driver-library-mismatch"}),
+    "gpu-slow-nccl": ("warning", {"nccl-bandwidth-low"}),
     "gpu-notoolkit": ("warning", {"toolkit-missing"}),
-    "gpu-nohook": ("warning", {_OLD}),
-    "gpu-hang": ("drain", {"nvidia-smi-hung", _OLD}),
+    "gpu-nohook": ("warning", {"toolkit-old"}),  # nvidia-ctk 1.12.0, under the 1.13 floor
+    "gpu-hang": ("drain", {"nvidia-smi-hung"}),
 }
 
 
@@ -309,7 +306,7 @@ def test_sweep_reports_each_planted_problem_once(
         (h, c) for h, (_, cs) in EXPECTED.items() for c in cs
     }, first.stdout
     assert len(changes(first.stdout, "new")) == sum(len(cs) for _, cs in EXPECTED.values())
-    assert "8 hosts" in first.stdout and "4 drain, 4 warning, 0 healthy" in first.stdout
+    assert "8 hosts" in first.stdout and "4 drain, 3 warning, 1 healthy" in first.stdout
     # A drained host carries the incident flow's diagnosis.
     assert re.search(r"gpu-xid79 \|.*gpu-hardware-fault", text), text
     second = cudamedic(env, "sweep")

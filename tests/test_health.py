@@ -41,13 +41,11 @@ def test_healthy_h100_host(tmp_path: Path) -> None:
         {
             **H100,
             "dmesg.txt": "dmesg/driver-load-benign.txt",
-            "commands/container-toolkit.txt": "host-commands/nvidia-ctk-version.txt",
+            "commands/container-toolkit.txt": "host-commands/nvidia-container-toolkit-version.txt",
             "commands/df.txt": "host-commands/df-h-docker-host.txt",
         },
     )
-    # The recorded toolkit is 1.12.0: healthy under a runbook whose floor is 1.12 (the default
-    # 1.13 makes it `toolkit-old`, tests/test_sweep_checks.py).
-    h = check_host("h1", facts, Thresholds(toolkit_min_version="1.12"), expected_gpus=8)
+    h = check_host("h1", facts, Thresholds(), expected_gpus=8)
     assert h.verdict == "healthy", codes(h)
     assert h.gpus_seen == 8 and h.driver
 

@@ -56,6 +56,19 @@ def test_toolkit_1_12_is_older_than_the_floor(tmp_path: Path) -> None:
     )
 
 
+def test_toolkit_1_17_8_is_recent_enough(tmp_path: Path) -> None:
+    """`nvidia-container-toolkit --version` 1.17.8 (ssst0n3/docker_archive) is over 1.13."""
+    facts = facts_of(
+        tmp_path,
+        {
+            "nvidia-smi.txt": "nvidia-smi/h100-sxm-8gpu.txt",
+            "commands/container-toolkit.txt": "host-commands/nvidia-container-toolkit-version.txt",
+        },
+    )
+    assert facts.toolkit_version is not None and facts.toolkit_version.version == "1.17.8"
+    assert "toolkit-old" not in keys(check_host("h1", facts, Thresholds()))
+
+
 def test_old_nvidia_container_cli_version_is_read_too(tmp_path: Path) -> None:
     """`nvidia-container-cli --version` of libnvidia-container 1.0.7 (NVIDIA/nvidia-docker#1232)."""
     facts = facts_of(

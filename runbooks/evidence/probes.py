@@ -386,7 +386,8 @@ def parse_env_report(text: str, source: str) -> EnvReport:
 # ``nvidia-container-cli --version`` prints "version: 1.0.7" (libnvidia-container), newer ones
 # "cli-version: 1.14.3" and "lib-version: ...".
 _TOOLKIT_VERSION = re.compile(
-    r"(?im)^\s*(?:NVIDIA Container Toolkit CLI version|(?:cli-)?version:)\s*v?(\d+\.\d+(?:\.\d+)?)"
+    r"(?im)^\s*(?:NVIDIA Container (?:Toolkit CLI|Runtime Hook) version|(?:cli-)?version:)"
+    r"\s*v?(\d+\.\d+(?:\.\d+)?)"
 )
 
 
@@ -399,7 +400,8 @@ def parse_toolkit_version(
     text: str, source: str = "commands/container-toolkit.txt"
 ) -> ToolkitVersion | None:
     """The NVIDIA Container Toolkit version a host's ``nvidia-ctk --version`` /
-    ``nvidia-container-cli --version`` printed, with its line; None when it says none."""
+    ``nvidia-container-toolkit --version`` / ``nvidia-container-cli --version`` printed, with its
+    line; None when it says none."""
     m = _TOOLKIT_VERSION.search(text)
     if m is None:
         return None

@@ -320,8 +320,9 @@ def _write_host_scenario(home: Path, scenario: Scenario) -> Path:
     }
     if "nccl-tests.txt" in scenario.files:
         scripts["all_reduce_perf"] = _ALL_REDUCE
-    if "nvidia-ctk.txt" in scenario.files:
-        scripts["nvidia-ctk"] = _CAT.replace("{file}", "nvidia-ctk.txt")
+    for tool in ("nvidia-ctk", "nvidia-container-toolkit"):
+        if f"{tool}.txt" in scenario.files:
+            scripts[tool] = _CAT.replace("{file}", f"{tool}.txt")
     if "lsmod.txt" in scenario.files:
         scripts["lsmod"] = _CAT.replace("{file}", "lsmod.txt")
     for name, text in scripts.items():

@@ -25,7 +25,8 @@ _H100 = {
     "nvidia-smi.txt": "nvidia-smi/h100-sxm-8gpu.txt",
     "nvidia-smi-L.txt": "nvidia-smi/list-h100-8gpu.txt",
     "lsmod.txt": "host-commands/lsmod-nvidia-peermem.txt",
-    "nvidia-ctk.txt": "host-commands/nvidia-ctk-version.txt",
+    # The toolkit's hook binary answers --version (1.17.8); no nvidia-ctk on these hosts.
+    "nvidia-container-toolkit.txt": "host-commands/nvidia-container-toolkit-version.txt",
     "dmesg.txt": "dmesg/driver-load-benign.txt",
 }
 
@@ -60,7 +61,7 @@ SCENARIOS: dict[str, Scenario] = {
             files={
                 "nvidia-smi.txt": "nvidia-smi/driver-not-loaded.txt",
                 "dmesg.txt": "dmesg/rminitadapter-syslog.txt",
-                "nvidia-ctk.txt": "host-commands/nvidia-ctk-version.txt",
+                "nvidia-container-toolkit.txt": _H100["nvidia-container-toolkit.txt"],
             },
             literal={"nvidia-smi.rc": "9"},
             planted="driver-not-loaded",
@@ -76,7 +77,7 @@ SCENARIOS: dict[str, Scenario] = {
                 "dmesg.denied": "dmesg/not-permitted.txt",
                 "journal.txt": "dmesg/api-mismatch-journal.txt",
                 "lsmod.txt": "host-commands/lsmod-nvidia-peermem.txt",
-                "nvidia-ctk.txt": "host-commands/nvidia-ctk-version.txt",
+                "nvidia-container-toolkit.txt": _H100["nvidia-container-toolkit.txt"],
             },
             literal={"nvidia-smi.rc": "18"},
             planted="driver-library-mismatch",
@@ -91,7 +92,7 @@ SCENARIOS: dict[str, Scenario] = {
                 "nccl-tests.txt": "nccl-tests/a100-4gpu-p2p-disabled.txt",
                 "dmesg.txt": "dmesg/driver-load-benign.txt",
                 "lsmod.txt": "host-commands/lsmod-nvidia-peermem.txt",
-                "nvidia-ctk.txt": "host-commands/nvidia-ctk-version.txt",
+                "nvidia-container-toolkit.txt": _H100["nvidia-container-toolkit.txt"],
             },
             literal={"nccl-tests.seconds": "2"},
             planted="nccl-slow-transport",
@@ -101,7 +102,7 @@ SCENARIOS: dict[str, Scenario] = {
             engine="plain",
             gpus=8,
             tags=("h100", "lab"),
-            files={k: v for k, v in _H100.items() if k != "nvidia-ctk.txt"},
+            files={k: v for k, v in _H100.items() if k != "nvidia-container-toolkit.txt"},
             planted="container-toolkit-missing",
         ),
         Scenario(
@@ -111,8 +112,12 @@ SCENARIOS: dict[str, Scenario] = {
             engine="plain",
             gpus=8,
             tags=("h100", "lab"),
-            files={**_H100},
-            planted="gpu-not-requested whose fix fails: no runtime hook",
+            # An older toolkit (nvidia-ctk 1.12.0), below the sweep's 1.13 floor.
+            files={
+                **{k: v for k, v in _H100.items() if k != "nvidia-container-toolkit.txt"},
+                "nvidia-ctk.txt": "host-commands/nvidia-ctk-version.txt",
+            },
+            planted="gpu-not-requested whose fix fails: no runtime hook; toolkit 1.12 (old)",
         ),
         Scenario(
             name="gpu-hang",
