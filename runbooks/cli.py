@@ -311,7 +311,9 @@ def _prefect(args: argparse.Namespace, settings: Settings) -> str:
     from flows.server import configure
 
     if not getattr(args, "verbose", False):
-        os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
+        # Step logs reach the Prefect API at INFO (the UI's Logs tab); the terminal shows
+        # Prefect's warnings only (logging.yml's console handler, set by Prefect's own override).
+        os.environ.setdefault("PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL", "WARNING")
     return configure(settings)
 
 
@@ -788,9 +790,11 @@ def _version() -> str:
 
 
 def _logging(verbose: int) -> None:
+    level = logging.DEBUG if verbose > 1 else logging.INFO if verbose else logging.WARNING
+    terminal = logging.StreamHandler()
+    terminal.setLevel(level)  # Prefect's INFO step logs propagate here: they are for its API
     logging.basicConfig(
-        level=logging.DEBUG if verbose > 1 else logging.INFO if verbose else logging.WARNING,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", handlers=[terminal]
     )
     # One line per HTTP request (the Prefect client's) floods -v; -vv shows them.
     for name in ("httpx", "httpcore"):
