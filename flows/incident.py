@@ -15,7 +15,7 @@ import json
 import re
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 from prefect import flow, get_client, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact
@@ -113,6 +113,59 @@ def ensure_limits(names: list[str], limit: int = 1) -> None:
                 )
             except ObjectAlreadyExists:
                 pass  # created by a flow running beside this one
+
+
+def response_name(target: str, container: str | None) -> str:
+    """`triage-<host>-<container>`: what an incident-response run is called."""
+    return f"triage-{slug(target)[:40]}-{container or 'host'}"
+
+
+def response_run_name() -> str:
+    """The flow's run name, from its parameters (the CLI adds a suffix to find its own run)."""
+    params = flow_run.parameters
+    return response_name(str(params.get("target") or ""), params.get("container"))
+
+
+def tag_run(run_id: str | None, *tags: str) -> None:
+    """Add tags to this flow run. A run's tags stay editable while it runs: the host is known
+    once the target is resolved, the class after classify, the outcome at the end."""
+    if not run_id:
+        return
+    from uuid import UUID
+
+    try:
+        with get_client(sync_client=True) as client:
+            have = client.read_flow_run(UUID(run_id)).tags
+            client.update_flow_run(UUID(run_id), tags=[*have, *(t for t in tags if t not in have)])
+    except Exception as exc:  # a label for the UI: never worth failing a response over
+        get_run_logger().warning("could not tag the flow run %s: %s", tags, exc)
+
+
+# Outcomes that are not routine name the run's final state, so a state filter in the Prefect UI
+# finds them; the rest (diagnosed, planned, needs-a-person, recovered) stay "Completed".
+OUTCOME_STATES = {
+    "fixed": "Fixed",
+    "rolled-back": "RolledBack",
+    "rollback-failed": "RollbackFailed",
+    "rejected": "Rejected",
+    "refused": "Refused",
+    "approval-timed-out": "ApprovalTimedOut",
+    "not-applied": "NotApplied",
+    "no-such-container": "NoSuchContainer",
+}
+
+
+def finish(response: Response) -> Response:
+    """Tag the run with its outcome and end it in the state that names it. Prefect makes a
+    returned State the run's final state and hands its data, the Response, to the caller."""
+    tag_run(response.flow_run_id, f"outcome:{response.outcome}")
+    name = OUTCOME_STATES.get(response.outcome)
+    if name is None:
+        return response
+    from prefect.states import Completed
+
+    message = f"{response.outcome}: {response.detail}" if response.detail else response.outcome
+    return cast(Response, Completed(name=name, message=message[:500], data=response))
 
 
 def run_url(run_id: str | None) -> str | None:
@@ -236,7 +289,12 @@ def reset_breaker(by: str) -> breaker.BreakerState:
 
 
 # -- the flow ------------------------------------------------------------------------------------
-@flow(name="incident-response", log_prints=False, persist_result=False)
+@flow(
+    name="incident-response",
+    flow_run_name=response_run_name,
+    log_prints=False,
+    persist_result=False,
+)
 def incident_response(
     target: str,
     container: str | None = None,
@@ -270,6 +328,7 @@ def incident_response(
     inventory = load_inventory(settings.inventory) if settings.inventory else None
     tgt = resolve_target(target, inventory)
     run_id = str(flow_run.get_id() or "") or None
+    tag_run(run_id, f"host:{tgt.name}")
     ensure_limits([host_lock(tgt.name)])
     links = {"Prefect flow run": u} if (u := run_url(run_id)) else {}
 
@@ -288,21 +347,24 @@ def incident_response(
     if (missing := missing_container(Path(bundle))) is not None:
         # A mistyped container: an error to show the person, not an incident to report.
         mark("no such container", missing)
-        return Response(
-            host=tgt.name,
-            container=container,
-            incident="unknown",
-            confidence=0.0,
-            summary=missing,
-            outcome="no-such-container",
-            detail=missing,
-            bundle=bundle,
-            report="",
-            flow_run_id=run_id,
-            flow_run_url=links.get("Prefect flow run"),
+        return finish(
+            Response(
+                host=tgt.name,
+                container=container,
+                incident="unknown",
+                confidence=0.0,
+                summary=missing,
+                outcome="no-such-container",
+                detail=missing,
+                bundle=bundle,
+                report="",
+                flow_run_id=run_id,
+                flow_run_url=links.get("Prefect flow run"),
+            )
         )
     diagnosis = classify_task.with_options(timeout_seconds=book.timeouts.classify)(bundle, settings)
     mark("diagnosed", f"{diagnosis.incident} (confidence {diagnosis.confidence:.2f})")
+    tag_run(run_id, f"incident:{diagnosis.incident}")
 
     subject = container or diagnosis.container
     prepared = Prepared(bundle=bundle, diagnosis=diagnosis, recovered=recovered)
@@ -403,7 +465,7 @@ def incident_response(
         report=report,
         flow_run=run_id,
     )
-    return Response(
+    response = Response(
         host=tgt.name,
         container=subject,
         incident=diagnosis.incident,
@@ -420,6 +482,7 @@ def incident_response(
         similar=list(diagnosis.similar),
         basis=diagnosis.basis,
     )
+    return finish(response)
 
 
 def _wait_for_approval(

@@ -6,6 +6,12 @@ Prefect's own "ephemeral" mode starts a temporary server inside each command; on
 takes 8-21 s and often misses its 20 s start timeout on a fresh database. A long-lived local
 server costs that start once. `cudamedic server start|stop|status` manage it by hand.
 
+One server per state dir: it listens on the settings' port (CUDAMEDIC_PREFECT_PORT, default
+4200) and is known by its PREFECT_HOME (STATE_DIR/prefect, where its database is), which the
+server itself reports (`/api/admin/settings`). A port already served by another state dir's
+server, or by any other Prefect server, is an error that names it: two state dirs never share
+one database silently, and `stop` stops only the server this state dir started.
+
 This module must run before `prefect` is imported anywhere: Prefect reads its settings from the
 environment at import time.
 """
@@ -14,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import json
 import os
 import signal
 import subprocess
@@ -47,6 +54,40 @@ def healthy(api_url: str, timeout: float = 2.0) -> bool:
             return bool(resp.status == 200)
     except (urllib.error.URLError, OSError, ValueError):
         return False
+
+
+def server_home(api_url: str, timeout: float = 5.0) -> Path | None:
+    """The PREFECT_HOME of the Prefect server answering at `api_url` (where its database is:
+    its identity); None when none answers or it does not say."""
+    url = f"{api_url.rstrip('/')}/admin/settings"
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as resp:  # noqa: S310 - our own URL
+            home = json.load(resp).get("home")
+    except (urllib.error.URLError, OSError, ValueError, AttributeError):
+        return None
+    return Path(home) if isinstance(home, str) and home else None
+
+
+def foreign_server(settings: Settings) -> Path | None:
+    """The home of another Prefect server on this state dir's port, if one answers there
+    (one that does not say its home is reported as an unknown path)."""
+    url = local_url(settings)
+    if not healthy(url):
+        return None
+    home = server_home(url)
+    if home is not None and home.resolve() == prefect_home(settings).resolve():
+        return None
+    return home or Path("(unknown)")
+
+
+def _refuse_foreign(settings: Settings) -> None:
+    other = foreign_server(settings)
+    if other is not None:
+        raise ServerError(
+            f"127.0.0.1:{settings.prefect_port} is served by another Prefect server (database "
+            f"under {other}), not this state dir's ({prefect_home(settings)}): give this state "
+            "dir its own port (CUDAMEDIC_PREFECT_PORT) or use that server (PREFECT_API_URL)"
+        )
 
 
 def _base_env(settings: Settings) -> dict[str, str]:
@@ -83,14 +124,17 @@ def configure(settings: Settings, *, start: bool = True) -> str:
 
 
 def ensure_local_server(settings: Settings) -> str:
-    """Start the embedded server unless it already answers; returns its API URL."""
+    """Start this state dir's server unless it already answers; returns its API URL. Another
+    Prefect server on the port is an error."""
     url = local_url(settings)
     if healthy(url):
+        _refuse_foreign(settings)
         return url
     home = prefect_home(settings)
     home.mkdir(parents=True, exist_ok=True, mode=0o700)
     with _lock(home / "server.lock"):
         if healthy(url):  # another cudamedic command started it while we waited
+            _refuse_foreign(settings)
             return url
         env = {**os.environ, **_base_env(settings)}
         env.pop("PREFECT_API_URL", None)
@@ -128,12 +172,26 @@ def ensure_local_server(settings: Settings) -> str:
         )
 
 
-def stop_local_server(settings: Settings) -> bool:
-    """Stop the embedded server this machine started; True when one was running."""
-    pidfile = prefect_home(settings) / "server.pid"
+def _recorded_pid(settings: Settings) -> int | None:
+    """The pid in STATE_DIR/prefect/server.pid, if that process is still the `prefect server`
+    this state dir started on its port (never a reused pid)."""
     try:
-        pid = int(pidfile.read_text().strip())
+        pid = int((prefect_home(settings) / "server.pid").read_text().strip())
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
     except (OSError, ValueError):
+        return None
+    ours = b"prefect\0server\0start\0" in cmdline and (
+        f"--port\0{settings.prefect_port}\0".encode() in cmdline
+    )
+    return pid if ours else None
+
+
+def stop_local_server(settings: Settings) -> bool:
+    """Stop the server this state dir started; True when one was running."""
+    pidfile = prefect_home(settings) / "server.pid"
+    pid = _recorded_pid(settings)
+    if pid is None:
+        pidfile.unlink(missing_ok=True)
         return False
     try:
         os.killpg(pid, signal.SIGTERM)

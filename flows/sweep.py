@@ -23,7 +23,7 @@ from prefect.client.schemas.objects import FlowRun
 from prefect.runtime import flow_run
 from pydantic import BaseModel
 
-from flows.incident import run_url
+from flows.incident import run_url, slug
 from reports.render import SweepChange, SweepHostRow, SweepSummary, render_sweep, sweep_report_name
 from reports.store import save_report
 from runbooks.health import HostChange, diff, snapshot
@@ -118,7 +118,19 @@ def _distributed(
         return [r for part in pool.map(one, names) for r in part]
 
 
-@flow(name="fleet-health-check", log_prints=False, persist_result=False)
+def sweep_run_name() -> str:
+    """`sweep-<tags or hosts, or all>-<UTC time>`: what a sweep run is called."""
+    params = flow_run.parameters
+    scope = params.get("tags") or params.get("hosts") or ["all"]
+    return f"sweep-{'-'.join(slug(str(s)) for s in scope)[:40]}-{datetime.now(UTC):%Y%m%d-%H%M%S}"
+
+
+@flow(
+    name="fleet-health-check",
+    flow_run_name=sweep_run_name,
+    log_prints=False,
+    persist_result=False,
+)
 def fleet_health_check(
     inventory: str | None = None,
     hosts: list[str] | None = None,
@@ -174,7 +186,8 @@ def fleet_health_check(
         changes=tuple(SweepChange(**c.model_dump()) for c in changes),
         links=links,
     )
-    markdown = render_sweep(summary)
+    responses = _start_responses(results, changes, run_id) if start_incidents else {}
+    markdown = render_sweep(summary) + _responses_section(responses)
     path = save_report(settings.reports_path, sweep_report_name(summary), markdown)
     create_markdown_artifact(markdown=markdown, key="fleet-sweep", description="Fleet health sweep")
     create_table_artifact(
@@ -206,28 +219,6 @@ def fleet_health_check(
         counts["changed"],
         counts["resolved"],
     )
-    responses: list[str] = []
-    if start_incidents:
-        # Fire and forget: each response is its own run of the incident-response deployment
-        # (it may wait hours for an approval; the sweep must not).
-        from prefect.deployments import run_deployment
-
-        news = {c.host for c in changes if c.change != "resolved"}
-        for r in results:
-            if r.health.host in news and r.incident and r.health.error is None:
-                trigger = f"fleet sweep: {', '.join(f.key for f in r.health.findings)}"
-                run: FlowRun = run_deployment(  # type: ignore[assignment]
-                    INCIDENT_DEPLOYMENT,
-                    parameters={
-                        "target": r.health.host,
-                        "container": r.container,
-                        "trigger_text": trigger,
-                        "detected_by": "cudamedic fleet sweep",
-                    },
-                    timeout=0,
-                    as_subflow=False,
-                )
-                responses.append(str(run.id))
     return SweepResult(
         hosts=len(results),
         verdicts={r.health.host: r.health.verdict for r in results},
@@ -235,6 +226,46 @@ def fleet_health_check(
         counts=counts,
         report=str(path),
         duration_s=round((ended - started).total_seconds(), 2),
-        responses=responses,
+        responses=list(responses.values()),
         flow_run_url=links.get("Prefect flow run"),
     )
+
+
+def _start_responses(
+    results: list[HostResult], changes: list[HostChange], sweep_run: str | None
+) -> dict[str, str]:
+    """Start an incident response (a run of the deployment) for each host with news; host ->
+    flow run id. Fire and forget: a response may wait hours for an approval; the sweep must
+    not. Each carries the sweep's run id as a tag (`sweep:<id>`)."""
+    from prefect.deployments import run_deployment
+
+    news = {c.host for c in changes if c.change != "resolved"}
+    started: dict[str, str] = {}
+    for r in results:
+        if r.health.host in news and r.incident and r.health.error is None:
+            trigger = f"fleet sweep: {', '.join(f.key for f in r.health.findings)}"
+            run: FlowRun = run_deployment(  # type: ignore[assignment]
+                INCIDENT_DEPLOYMENT,
+                parameters={
+                    "target": r.health.host,
+                    "container": r.container,
+                    "trigger_text": trigger,
+                    "detected_by": "cudamedic fleet sweep",
+                },
+                tags=[f"sweep:{sweep_run}"] if sweep_run else None,
+                timeout=0,
+                as_subflow=False,
+            )
+            started[r.health.host] = str(run.id)
+    return started
+
+
+def _responses_section(responses: dict[str, str]) -> str:
+    """The responses this sweep started, each linked to its flow run in the Prefect UI."""
+    if not responses:
+        return ""
+    rows = [
+        f"- {host}: [flow run {rid}]({run_url(rid)})" if run_url(rid) else f"- {host}: {rid}"
+        for host, rid in responses.items()
+    ]
+    return "\n## Incident responses started\n\n" + "\n".join(rows) + "\n"

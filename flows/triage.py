@@ -19,7 +19,7 @@ from prefect import get_client
 from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterName
 from prefect.exceptions import ObjectNotFound
 
-from flows.incident import Approval, Response, incident_response
+from flows.incident import Approval, Response, incident_response, response_name
 from runbooks.errors import InputError
 from runbooks.redact import redact_text
 
@@ -37,7 +37,8 @@ def triage(
 ) -> Response:
     """Run the flow; when it pauses for approval, show the plan and `ask` (None: wait for an
     answer from elsewhere)."""
-    name = f"triage-{target[:40]}-{uuid.uuid4().hex[:8]}"
+    # The flow's own name plus a unique suffix: how this command finds its paused run.
+    name = f"{response_name(target, container)}-{uuid.uuid4().hex[:6]}"
     box: dict[str, Any] = {}
 
     def run() -> None:

@@ -1,6 +1,6 @@
 """The evidence bundle: ``bundle.json`` metadata and reading a bundle from disk.
 
-Layout: ../shared/spec/evidence-bundle.md. A bundle is a directory, a ``.tar.gz`` of one, or — for
+Layout: docs/spec/evidence-bundle.md. A bundle is a directory, a ``.tar.gz`` of one, or — for
 ``classify`` — a single log file treated as the container log. Readers never fail on a missing
 or unparsable file; they record a finding.
 """
@@ -60,7 +60,7 @@ MEMORY_BUDGET_BYTES = 64 * 1024 * 1024  # small files read into memory, in all
 MAX_TAR_MEMBERS = 10_000
 MAX_EXTRACT_BYTES = 1024**3 + 64 * 1024**2  # collected logs are bounded (tails, caps) far below
 LOG_FILE = "containers/log.log"
-# The bundle layout (shared/spec/evidence-bundle.md): anything else in a bundle directory (a
+# The bundle layout (docs/spec/evidence-bundle.md): anything else in a bundle directory (a
 # README, a case.yaml with its label, stray files) is not evidence and is never read.
 _TOP_FILES = frozenset(
     {

@@ -311,7 +311,9 @@ def _prefect(args: argparse.Namespace, settings: Settings) -> str:
     from flows.server import configure
 
     if not getattr(args, "verbose", False):
-        os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
+        # Step logs reach the Prefect API at INFO (the UI's Logs tab); the terminal shows
+        # Prefect's warnings only (logging.yml's console handler, set by Prefect's own override).
+        os.environ.setdefault("PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL", "WARNING")
     return configure(settings)
 
 
@@ -531,8 +533,11 @@ def _serve_http(server: HttpServer, banner: str) -> int:
 
 
 def cmd_server(args: argparse.Namespace) -> int:
+    """This state dir's embedded server: one per state dir, on the settings' port. A server of
+    another state dir on that port is reported, never used or stopped (flows/server.py)."""
     from flows.server import (
         ensure_local_server,
+        foreign_server,
         healthy,
         local_url,
         prefect_home,
@@ -540,17 +545,30 @@ def cmd_server(args: argparse.Namespace) -> int:
     )
 
     settings = _settings(args)
-    url = local_url(settings)
+    url, home = local_url(settings), prefect_home(settings)
+    other = foreign_server(settings)
     if args.action == "start":
         ensure_local_server(settings)
-        print(f"Prefect server: {url} (database under {prefect_home(settings)})")
-    elif args.action == "stop":
-        print("stopped" if stop_local_server(settings) else "no local server was running")
-    else:
-        up = healthy(url)
-        print(f"{url}: {'up' if up else 'down'}")
-        return 0 if up else 1
-    return 0
+        print(f"Prefect server: {url} (database under {home})")
+        return 0
+    if args.action == "stop":
+        if stop_local_server(settings):
+            print(f"stopped the Prefect server of {home}")
+            return 0
+        if other is not None or healthy(url):
+            print(
+                f"{url} is not a server this state dir started (database under "
+                f"{other or home}, no server.pid for it); nothing was stopped"
+            )
+            return 1
+        print("no local server was running")
+        return 0
+    if other is not None:
+        print(f"{url}: up, but another Prefect server (database under {other}), not {home}'s")
+        return 1
+    up = healthy(url)
+    print(f"{url}: {'up (database under ' + str(home) + ')' if up else 'down'}")
+    return 0 if up else 1
 
 
 def cmd_breaker(args: argparse.Namespace) -> int:
@@ -772,9 +790,11 @@ def _version() -> str:
 
 
 def _logging(verbose: int) -> None:
+    level = logging.DEBUG if verbose > 1 else logging.INFO if verbose else logging.WARNING
+    terminal = logging.StreamHandler()
+    terminal.setLevel(level)  # Prefect's INFO step logs propagate here: they are for its API
     logging.basicConfig(
-        level=logging.DEBUG if verbose > 1 else logging.INFO if verbose else logging.WARNING,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", handlers=[terminal]
     )
     # One line per HTTP request (the Prefect client's) floods -v; -vv shows them.
     for name in ("httpx", "httpcore"):

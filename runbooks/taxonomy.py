@@ -1,4 +1,4 @@
-"""Incident ids, verbatim from ../shared/spec/taxonomy.md (a public contract).
+"""Incident ids, verbatim from docs/spec/taxonomy.md (a public contract).
 
 `Incident` is a StrEnum so ids stay kebab-case strings everywhere (JSON, reports, Slack).
 `SAFE_FIX` mirrors the taxonomy's "safe automatic fix?" column.

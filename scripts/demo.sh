@@ -13,7 +13,7 @@ CM="$VENV/cudamedic"
 eval "$("$VENV/python" -m tests.lab env)"   # CUDAMEDIC_CONFIG, DOCKER_HOST (the lab's GPU engine)
 export CUDAMEDIC_OUT_DIR=${CUDAMEDIC_OUT_DIR:-$PWD/out/demo}      # bundles and reports
 export CUDAMEDIC_STATE_DIR=${CUDAMEDIC_STATE_DIR:-$PWD/out/state} # journal, audit, Prefect DB
-mkdir -p "$CUDAMEDIC_OUT_DIR"
+mkdir -p "$CUDAMEDIC_OUT_DIR" "$CUDAMEDIC_STATE_DIR"
 rm -f "$CUDAMEDIC_STATE_DIR/sweep-state.json"   # each demo starts its sweeps afresh
 PLAIN=unix:///tmp/cudamedic-lab/engines/plain/docker.sock
 
@@ -64,13 +64,19 @@ sleep 2
 "$CM" triage gpu-nohook --container train-nogpu --apply --yes | sed -n '/^incident:/,$p' || true
 docker -H "$PLAIN" ps -a --filter name=train-nogpu --format '   {{.Names}}: {{.Status}}'
 
+# The demo's sweeps also run nccl-tests (off in runbooks/sweep.yaml; the lab's recorded run takes
+# 2 s), so the slow-NCCL host is reported too.
+SWEEP_BOOK="$CUDAMEDIC_STATE_DIR/sweep-demo.yaml"
+sed 's/^nccl_tests: false/nccl_tests: true/' runbooks/sweep.yaml >"$SWEEP_BOOK"
+grep -q '^nccl_tests: true' "$SWEEP_BOOK"
+
 echo
-echo "== 5. Fleet health sweep over every lab host: each planted problem, once"
-"$CM" sweep | cut -c1-180
+echo "== 5. Fleet health sweep over every lab host (with nccl-tests): each planted host problem, once"
+CUDAMEDIC_SWEEP_RUNBOOK=$SWEEP_BOOK "$CM" sweep | cut -c1-180
 
 echo
 echo "== 6. The same sweep again: nothing changed, so nothing is reported"
-"$CM" sweep | cut -c1-180
+CUDAMEDIC_SWEEP_RUNBOOK=$SWEEP_BOOK "$CM" sweep | cut -c1-180
 
 echo
 echo "Reports: $CUDAMEDIC_OUT_DIR/reports; audit log: $CUDAMEDIC_STATE_DIR/audit.jsonl"

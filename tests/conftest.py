@@ -38,7 +38,8 @@ os.environ.update(
         "PREFECT_HOME": str(PREFECT_TEST_HOME),
         "PREFECT_LOCAL_STORAGE_PATH": str(PREFECT_TEST_HOME / "storage"),
         "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-        "PREFECT_LOGGING_LEVEL": "WARNING",
+        # Step logs reach the API at INFO (the UI), the terminal shows warnings only.
+        "PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL": "WARNING",
     }
 )
 os.environ.pop("PREFECT_API_KEY", None)

@@ -19,13 +19,12 @@ from runbooks.rules import PRIORITY, RULES
 from runbooks.taxonomy import Incident
 
 CORPUS = Path(__file__).parent / "corpus"
-TAXONOMY = next(
-    (
-        p / "shared/spec/taxonomy.md"
-        for p in Path(__file__).resolve().parents
-        if (p / "shared/spec/taxonomy.md").exists()
-    ),
-    Path("shared/spec/taxonomy.md"),
+SPEC = Path(__file__).parents[1] / "docs" / "spec"  # the project's own copy of the shared spec
+SPEC_FILES = ("taxonomy.md", "evidence-bundle.md", "gpu-facts.md")
+TAXONOMY = SPEC / "taxonomy.md"
+SHARED_SPEC = next(
+    (p / "shared/spec" for p in Path(__file__).resolve().parents if (p / "shared/spec").is_dir()),
+    None,
 )
 
 
@@ -41,6 +40,18 @@ def test_taxonomy_ids_match_the_spec() -> None:
 
     spec = set(re.findall(r"^\| `([a-z-]+)` \|", TAXONOMY.read_text(), re.M))
     assert spec == {i.value for i in Incident}
+
+
+@pytest.mark.parametrize("name", SPEC_FILES)
+def test_the_spec_copy_matches_the_shared_spec(name: str) -> None:
+    """docs/spec is what a clone of this project alone has; where the team's shared/spec is
+    beside it, the copy must be the same text."""
+    copy = (SPEC / name).read_text()
+    assert copy.startswith("# ") and len(copy.splitlines()) > 10, name
+    if SHARED_SPEC is not None:
+        assert copy == (SHARED_SPEC / name).read_text(), (
+            f"docs/spec/{name} differs from {SHARED_SPEC}"
+        )
 
 
 def test_every_class_has_a_rule_and_a_priority() -> None:

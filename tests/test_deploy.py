@@ -21,7 +21,7 @@ import pytest
 from runbooks.settings import Settings
 from tests.lab.lab import LabState
 from tests.test_fix import cli_env, fix_settings  # noqa: F401 - fixture
-from tests.test_flows import sweep_runbook
+from tests.test_flows import artifacts_of, flow_run_of, run_id_of, sweep_runbook
 
 ROOT = Path(__file__).parents[1]
 BIN = Path(sys.executable).parent
@@ -38,6 +38,7 @@ def env(prefect_api: str, lab: LabState, fix_settings: Settings, tmp_path: Path)
         CUDAMEDIC_SWEEP_RUNBOOK=str(sweep_runbook(tmp_path, **{"batch_size: 25": "batch_size: 2"})),
         PREFECT_WORKER_QUERY_SECONDS="1",
         PREFECT_LOGGING_LEVEL="INFO",
+        PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL="INFO",  # the workers' logs say what they took
     )
 
 
@@ -308,6 +309,14 @@ def test_an_alert_starts_a_response_once(
     assert str(run) == started[0]
     state, arts = run_info(started[0])
     assert state == "Completed" and "driver-library-mismatch" in arts["postmortem-gpu-mismatch"]
+    # The sweep and the response it started point at each other in the Prefect UI.
+    sweep_run = run_id_of(swept.stdout)
+    response = flow_run_of(started[0])
+    assert response.name == "triage-gpu-mismatch-host", response.name
+    assert {f"sweep:{sweep_run}", "host:gpu-mismatch", "incident:driver-library-mismatch"} <= set(
+        response.tags
+    ), response.tags
+    assert f"/runs/flow-run/{started[0]}" in artifacts_of(sweep_run)["fleet-sweep"]
 
 
 FIXTURES = Path(__file__).parent / "fixtures"

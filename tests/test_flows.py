@@ -69,6 +69,33 @@ def artifacts_of(run_id: str) -> dict[str, str]:
     return {a.key or "": str(a.data) for a in arts}
 
 
+def flow_run_of(run_id: str) -> Any:
+    from uuid import UUID
+
+    from prefect import get_client
+
+    with get_client(sync_client=True) as client:
+        return client.read_flow_run(UUID(run_id))
+
+
+def logs_of(run_id: str, expect: str, timeout: float = 15) -> list[Any]:
+    """The flow run's logs as the Prefect API has them (the UI's Logs tab), once `expect` is in."""
+    from uuid import UUID
+
+    from prefect import get_client
+    from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
+
+    deadline = time.monotonic() + timeout
+    while True:
+        with get_client(sync_client=True) as client:
+            logs = client.read_logs(
+                log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[UUID(run_id)]))
+            )
+        if any(expect in log.message for log in logs) or time.monotonic() > deadline:
+            return list(logs)
+        time.sleep(0.5)
+
+
 def run_id_of(out: str) -> str:
     m = re.search(r"/runs/flow-run/([0-9a-f-]{36})", out)
     assert m, out
@@ -101,9 +128,22 @@ def test_triage_dry_run_diagnoses_plans_and_reports(
     text = report.read_text()
     assert "## Root cause" in text and "shm-too-small" in text and "Bus error" in text
     assert gpu_engine.containers.get(container_name).id == c.id, "a dry run changes nothing"
-    arts = artifacts_of(run_id_of(out))
+    run_id = run_id_of(out)
+    arts = artifacts_of(run_id)
     assert "postmortem-gpu-healthy" in arts and "## Timeline" in arts["postmortem-gpu-healthy"]
     assert "Traceback" not in done.stderr
+    # The operator's view in the Prefect UI: a name that says what, tags for host and class,
+    # and each step's INFO log (the terminal stays quiet).
+    run = flow_run_of(run_id)
+    assert run.name.startswith(f"triage-gpu-healthy-{container_name}"), run.name
+    assert {"host:gpu-healthy", "incident:shm-too-small", "outcome:planned"} <= set(run.tags)
+    logs = logs_of(run_id, "fix planned")
+    info = [log.message for log in logs if log.level == 20]
+    for step in ("evidence collected", "diagnosed: shm-too-small", "fix planned"):
+        assert any(m.startswith(step) for m in info), (step, info)
+    tasks = {log.task_run_id for log in logs if log.level == 20 and log.task_run_id}
+    assert len(tasks) >= 4, info  # collect, classify, plan, report: each says how it ended
+    assert "evidence collected" not in done.stderr and "INFO" not in done.stderr, done.stderr
 
 
 def test_triage_waits_for_approval_then_fixes_verifies_and_reports(
@@ -203,6 +243,9 @@ def test_rejected_fix_changes_nothing(
         proc.kill()
     assert proc.returncode == 4
     assert field(rest, "outcome") == "rejected: rejected by bob; nothing was changed"
+    state = flow_run_of(run_id).state  # a filter on the state in the UI finds it
+    assert (state.type.value, state.name) == ("COMPLETED", "Rejected"), state
+    assert "rejected by bob" in (state.message or "")
     assert gpu_engine.containers.get(container_name).id == c.id
     assert "Approval: reject by bob (mid-epoch)" in Path(field(rest, "report")).read_text()
 
@@ -244,6 +287,8 @@ def test_unattended_policy_and_the_circuit_breaker(
         )
         assert second.returncode == 4, second.stdout + second.stderr
         assert field(second.stdout, "outcome").startswith("approval-timed-out")
+        assert flow_run_of(run_id_of(second.stdout)).state.name == "ApprovalTimedOut"
+        assert flow_run_of(run_id_of(first.stdout)).state.name == "Fixed"
         report = Path(field(second.stdout, "report")).read_text()
         assert "unattended fix held" in report and "circuit breaker tripped" in report
         status = cudamedic(env, "breaker", "status")
@@ -307,6 +352,7 @@ def test_sweep_reports_each_planted_problem_once(
     }, first.stdout
     assert len(changes(first.stdout, "new")) == sum(len(cs) for _, cs in EXPECTED.values())
     assert "8 hosts" in first.stdout and "4 drain, 3 warning, 1 healthy" in first.stdout
+    assert re.fullmatch(r"sweep-all-\d{8}-\d{6}", flow_run_of(run_id_of(first.stdout)).name)
     # A drained host carries the incident flow's diagnosis.
     assert re.search(r"gpu-xid79 \|.*gpu-hardware-fault", text), text
     second = cudamedic(env, "sweep")
