@@ -7,24 +7,32 @@ Our format (deploy/inventory.example.yaml documents every field)::
       node07: {address: 10.0.0.7, port: 22, gpus: 8, tags: [h100], jump: bastion}
       bastion: {address: bastion.example.com}
 
-Ansible inventories are read too: ``ansible_host``, ``ansible_port``, ``ansible_user``,
-``ansible_ssh_private_key_file`` and ``-J``/``ProxyJump`` in ``ansible_ssh_common_args``; group
-names become tags. Every error is an InputError naming the file and the entry.
+Ansible inventories (INI, YAML, a directory; group_vars/ and host_vars/; ranges) are read as
+Ansible reads them: by ``ansible-inventory -i PATH --list`` when it is installed, else by our own
+reader (runbooks/ansible_inventory.py; the two agree, tests/test_ansible_inventory.py). From each
+host's variables: ``ansible_host``, ``ansible_port``, ``ansible_user``,
+``ansible_ssh_private_key_file`` and ``-J``/``ProxyJump`` (a chain ``a,b`` too) in
+``ansible_ssh_common_args``/``ansible_ssh_extra_args``; its groups become tags. When
+``ansible-inventory`` fails or times out that is an InputError (no silent fallback: Ansible says
+the inventory is broken). Every error is an InputError naming the file and the entry.
 """
 
 from __future__ import annotations
 
-import configparser
+import logging
 import re
-import shlex
+import shutil
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from runbooks import ansible_inventory as ansible
 from runbooks import names
 from runbooks.errors import InputError
+
+log = logging.getLogger(__name__)
+MAX_JUMP_HOPS = 8
 
 
 class Host(BaseModel):
@@ -35,7 +43,9 @@ class Host(BaseModel):
     port: int = 22
     user: str | None = None
     key_file: Path | None = None
-    jump: str | None = None  # another inventory host's name, or user@host[:port]
+    # another inventory host's name, or [user@]host[:port], or a chain of those "a,b" (through a,
+    # then b: each hop of a chain is an SSH destination, as for ssh -J)
+    jump: str | None = None
     tags: tuple[str, ...] = ()
     gpus: int | None = Field(default=None, ge=0)
     # Explicit opt-in to accept (and remember for this run) an unknown host key.
@@ -74,16 +84,22 @@ class Host(BaseModel):
     @classmethod
     def _jump(cls, v: str | None) -> str | None:
         """Another inventory host's name (checked when the inventory is built), or
-        ``[user@]host[:port]``: every part validated like a host's own."""
-        if v is None or names.is_inventory_name(v):
+        ``[user@]host[:port]``, or a chain ``hop,hop``: every part validated like a host's own."""
+        if v is None:
             return v
-        user, _, rest = v.rpartition("@")
-        address, _, port = rest.partition(":")
-        if user:
-            names.user_name(user)
-        names.host_address(address)
-        if port:
-            names.port(port)
+        hops = v.split(",")
+        if len(hops) > MAX_JUMP_HOPS:
+            raise ValueError(f"more than {MAX_JUMP_HOPS} jump hosts in {v[:80]!r}")
+        for hop in hops:
+            if names.is_inventory_name(hop):
+                continue
+            user, _, rest = hop.rpartition("@")
+            address, _, port = rest.partition(":")
+            if user:
+                names.user_name(user)
+            names.host_address(address)
+            if port:
+                names.port(port)
         return v
 
 
@@ -91,6 +107,7 @@ class Inventory(BaseModel):
     model_config = ConfigDict(frozen=True)
 
     hosts: dict[str, Host] = {}
+    read_by: Literal["cudamedic", "ansible-inventory"] = "cudamedic"
 
     def get(self, name: str) -> Host:
         try:
@@ -103,32 +120,40 @@ class Inventory(BaseModel):
         return [h for h in self.hosts.values() if tag in h.tags]
 
 
-def load_inventory(path: Path) -> Inventory:
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise InputError(f"cannot read inventory {path}: {exc}") from exc
-    if path.suffix.lower() in {".ini", ".cfg", ""} and not text.lstrip().startswith(
-        ("hosts:", "all:")
-    ):
-        try:
-            return _from_ansible_ini(text, path)
-        except configparser.Error:
-            pass  # not INI: fall through to YAML
-    try:
-        data = yaml.safe_load(text)
-    except (yaml.YAMLError, ValueError) as exc:  # ValueError: an integer of 5000 digits
-        raise InputError(f"inventory {path} is not valid YAML: {exc}") from exc
-    except RecursionError:  # PyYAML composes nested collections recursively
-        raise InputError(f"inventory {path} is nested too deeply to be an inventory") from None
-    if not isinstance(data, dict):
-        raise InputError(f"inventory {path} must be a mapping with 'hosts:' (or an Ansible 'all:')")
-    if "hosts" in data and "all" not in data:
-        return _from_native(data, path)
-    return _from_ansible_yaml(data, path)
+Reader = Literal["auto", "ansible-inventory", "cudamedic"]
 
 
-def _build(raw: dict[str, dict[str, Any]], path: Path) -> Inventory:
+def load_inventory(path: Path, *, reader: Reader = "auto", timeout: float = 60) -> Inventory:
+    """Our YAML inventory, or an Ansible inventory (file or directory). ``reader`` decides who
+    reads an Ansible inventory: ``auto`` ansible-inventory when installed, else our reader."""
+    first = None
+    if not path.is_dir():
+        text = ansible.read_text(path)
+        data = ansible.sniff_yaml(text, path)
+        if isinstance(data, dict) and "hosts" in data and "all" not in data:
+            return _from_native(data, path)
+        ansible.check_yaml_file(data, path)
+        first = (text, data)
+    executable = ansible_inventory_executable() if reader != "cudamedic" else None
+    if reader == "ansible-inventory" and executable is None:
+        raise InputError(f"inventory {path}: ansible-inventory is not installed")
+    if executable is None:
+        return _from_ansible(ansible.read_ansible(path, first), path, "cudamedic")
+    log.info("reading inventory %s with %s", path, executable)
+    output = ansible.run_ansible_inventory(executable, path, timeout)
+    return _from_ansible(ansible.parse_ansible_json(output, path), path, "ansible-inventory")
+
+
+def ansible_inventory_executable() -> str | None:
+    """ansible-inventory on PATH (Ansible installed, or its virtualenv activated), or None."""
+    return shutil.which("ansible-inventory")
+
+
+def _build(
+    raw: dict[str, dict[str, Any]],
+    path: Path,
+    read_by: Literal["cudamedic", "ansible-inventory"] = "cudamedic",
+) -> Inventory:
     hosts: dict[str, Host] = {}
     for name, fields in raw.items():
         try:
@@ -144,13 +169,14 @@ def _build(raw: dict[str, dict[str, Any]], path: Path) -> Inventory:
             raise InputError(f"inventory {path}: host {str(name)!r}: {exc}") from None
     for host in hosts.values():
         # A bare name must be an inventory host; user@host[:port] or a dotted name is external.
-        external = host.jump is not None and any(ch in host.jump for ch in "@:.")
+        # A chain's hops are SSH destinations (as for ssh -J a,b), resolved by ~/.ssh/config.
+        external = host.jump is not None and any(ch in host.jump for ch in "@:.,")
         if host.jump and not external and host.jump not in hosts:
             raise InputError(
                 f"inventory {path}: host {host.name!r}: jump host {host.jump!r} "
                 "is not in the inventory"
             )
-    return Inventory(hosts=hosts)
+    return Inventory(hosts=hosts, read_by=read_by)
 
 
 def _msg(error: Any) -> str:
@@ -176,103 +202,43 @@ def _from_native(data: dict[str, Any], path: Path) -> Inventory:
     return _build(raw, path)
 
 
-_ANSIBLE_KEYS = {
-    "ansible_host": "address",
-    "ansible_ssh_host": "address",
-    "ansible_port": "port",
-    "ansible_ssh_port": "port",
-    "ansible_user": "user",
-    "ansible_ssh_user": "user",
-    "ansible_ssh_private_key_file": "key_file",
-    "cudamedic_gpus": "gpus",
+# Host field <- Ansible variables; where several are set, the last one listed wins (as in
+# Ansible's ssh connection plugin).
+_ANSIBLE_FIELDS = {
+    "address": ("ansible_host", "ansible_ssh_host"),
+    "port": ("ansible_port", "ansible_ssh_port"),
+    "user": ("ansible_user", "ansible_ssh_user"),
+    "key_file": ("ansible_private_key_file", "ansible_ssh_private_key_file"),
+    "gpus": ("cudamedic_gpus",),
 }
-_JUMP = re.compile(r"(?:-J\s*|ProxyJump=)(\S+)")
+_JUMP = re.compile(r"(?:-J\s*|ProxyJump[=\s]\s*)([^\s'\"]+)", re.IGNORECASE)
 
 
-def _ansible_host(name: str, hostvars: dict[str, Any], groups: list[str]) -> dict[str, Any]:
-    out: dict[str, Any] = {"address": name, "tags": tuple(g for g in groups if g != "all")}
-    for key, value in hostvars.items():
-        if key in _ANSIBLE_KEYS:
-            out[_ANSIBLE_KEYS[key]] = value
-        elif key == "ansible_ssh_common_args" and isinstance(value, str):
-            match = _JUMP.search(value)
-            if match:
-                out["jump"] = match.group(1).strip("'\"")
+def jump_from_ssh_args(*args: Any) -> str | None:
+    """The ProxyJump (``-J a,b`` or ``-o ProxyJump=a,b``) in ssh arguments, or None."""
+    for value in args:
+        match = _JUMP.search(value) if isinstance(value, str) else None
+        if match:
+            return None if match.group(1).lower() == "none" else match.group(1)
+    return None
+
+
+def _ansible_host(name: str, hostvars: dict[str, Any], groups: tuple[str, ...]) -> dict[str, Any]:
+    out: dict[str, Any] = {"address": name, "tags": groups}
+    for field, keys in _ANSIBLE_FIELDS.items():
+        for key in keys:
+            if key in hostvars:
+                out[field] = hostvars[key]
+    jump = jump_from_ssh_args(
+        hostvars.get("ansible_ssh_common_args"), hostvars.get("ansible_ssh_extra_args")
+    )
+    if jump:
+        out["jump"] = jump
     return out
 
 
-def _from_ansible_yaml(data: dict[str, Any], path: Path) -> Inventory:
-    raw: dict[str, dict[str, Any]] = {}
-
-    visits = 0
-
-    def mapping(value: Any, what: str) -> dict[Any, Any]:
-        if value is None:
-            return {}
-        if not isinstance(value, dict):
-            raise InputError(f"inventory {path}: {what} must be a mapping")
-        return value
-
-    def walk(
-        group: str, node: Any, inherited: dict[str, Any], parents: list[str], path_ids: set[int]
-    ) -> None:
-        nonlocal visits
-        if node is None:
-            return
-        mapping(node, f"group {group!r}")
-        visits += 1
-        if id(node) in path_ids:  # YAML anchors can make a group its own child
-            raise InputError(f"inventory {path}: group {group!r} contains itself")
-        if visits > 10_000:  # ... or repeat one group exponentially often
-            raise InputError(f"inventory {path}: more than 10000 groups (repeated anchors?)")
-        gvars = {**inherited, **mapping(node.get("vars"), f"group {group!r} vars")}
-        chain = [*parents, group]
-        for hname, hvars in mapping(node.get("hosts"), f"group {group!r} hosts").items():
-            merged = {**gvars, **mapping(hvars, f"host {hname!r}")}
-            entry = _ansible_host(str(hname), merged, chain)
-            if str(hname) in raw:
-                old = raw[str(hname)]
-                entry["tags"] = tuple(dict.fromkeys([*old.get("tags", ()), *entry["tags"]]))
-                entry = {**old, **entry}
-            raw[str(hname)] = entry
-        children = mapping(node.get("children"), f"group {group!r} children")
-        for child, cnode in children.items():
-            walk(str(child), cnode, gvars, chain, path_ids | {id(node)})
-
-    for group, node in data.items():
-        walk(str(group), node, {}, [], set())
-    return _build(raw, path)
-
-
-def _from_ansible_ini(text: str, path: Path) -> Inventory:
-    raw: dict[str, dict[str, Any]] = {}
-    group = "ungrouped"
-    for lineno, line in enumerate(text.splitlines(), 1):
-        stripped = line.strip()
-        if not stripped or stripped.startswith(("#", ";")):
-            continue
-        if stripped.startswith("["):
-            if not stripped.endswith("]"):
-                raise configparser.ParsingError(f"{path}:{lineno}")
-            group = stripped[1:-1]
-            continue
-        if ":" in group:  # [group:vars] / [group:children] — not host lines
-            continue
-        try:
-            parts = shlex.split(stripped)
-        except ValueError as exc:
-            raise InputError(f"inventory {path}:{lineno}: {exc}") from None
-        name, hostvars = parts[0], {}
-        for token in parts[1:]:
-            if "=" not in token:
-                raise InputError(f"inventory {path}:{lineno}: expected key=value, got {token!r}")
-            key, value = token.split("=", 1)
-            hostvars[key] = value
-        entry = _ansible_host(name, hostvars, [group])
-        if name in raw:
-            entry["tags"] = tuple(dict.fromkeys([*raw[name].get("tags", ()), *entry["tags"]]))
-            entry = {**raw[name], **entry}
-        raw[name] = entry
-    if not raw:
-        raise configparser.ParsingError(str(path))
-    return _build(raw, path)
+def _from_ansible(
+    hosts: ansible.AnsibleHosts, path: Path, read_by: Literal["cudamedic", "ansible-inventory"]
+) -> Inventory:
+    raw = {name: _ansible_host(name, h.vars, h.groups) for name, h in hosts.items()}
+    return _build(raw, path, read_by)

@@ -122,11 +122,17 @@ class SshRunner:
     def _through_jump(
         self, jump_spec: str, jump_host: Host | None, address: str, port: int
     ) -> paramiko.Channel:
-        """A channel to address:port opened by the jump host (ProxyJump), kept in self._jump."""
+        """A channel to address:port opened by the jump host (ProxyJump), kept in self._jump.
+        A chain ``a,b`` (as ssh -J): the jump host is b, reached through a (its own jump)."""
         if jump_host is None:
-            juser, jaddr, jport = _parse_jump(jump_spec)
+            *before, last = jump_spec.split(",")
+            juser, jaddr, jport = _parse_jump(last)
             jump_host = Host(
-                name=jaddr.replace(":", "_") or "jump", address=jaddr, port=jport, user=juser
+                name=jaddr.replace(":", "_") or "jump",
+                address=jaddr,
+                port=jport,
+                user=juser,
+                jump=",".join(before) or None,
             )
         self._jump = SshRunner(jump_host, self.settings)
         try:

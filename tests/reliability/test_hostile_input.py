@@ -1146,13 +1146,14 @@ def _check_host_is_safe(host: Host, inventory: Inventory) -> None:
     if host.user is not None:
         assert names.user_name(host.user) == host.user
     if host.jump is not None and host.jump not in inventory.hosts:
-        user, _, rest = host.jump.rpartition("@")
-        address, _, port = rest.partition(":")
-        if user:
-            names.user_name(user)
-        names.host_address(address)
-        if port:
-            names.port(port)
+        for hop in host.jump.split(","):  # a ProxyJump chain: every hop [user@]host[:port]
+            user, _, rest = hop.rpartition("@")
+            address, _, port = rest.partition(":")
+            if user:
+                names.user_name(user)
+            names.host_address(address)
+            if port:
+                names.port(port)
 
 
 def test_inventory_loader_gives_an_inventory_or_a_clear_input_error() -> None:
