@@ -26,7 +26,7 @@ from runbooks.rules import (
     rank,
     run_rules,
 )
-from runbooks.similar import SimilarIndex, cite, index_for, propose
+from runbooks.similar import KnownIncident, SimilarIndex, cite, index_for, propose
 from runbooks.taxonomy import Incident
 
 THIN_CONFIDENCE = 0.7  # one or two pasted lines say what happened, not why it happened here
@@ -47,120 +47,182 @@ def diagnose(
 ) -> Diagnosis:
     """The diagnosis of one incident's facts. `index` (similar known incidents) adds citations
     and, when no rule fires, a proposal; `exclude` leaves named incidents out of it (a corpus
-    case is not its own neighbour)."""
+    case is not its own neighbour).
+
+    The first that applies: the strongest rule that matched; `healthy`; a GPU held in an
+    exclusive compute mode; a proposal from similar incidents; a guess from the words used;
+    `unknown`."""
     matches = sorted(run_rules(facts), key=rank, reverse=True)
+    neighbours = index.query(evidence_text(facts), k=3, exclude=exclude) if index else []
+    common = _common_fields(facts, host, neighbours)
+    thin = is_thin(facts)
+    if matches:
+        return _from_rules(matches, facts, thin, common)
+    errors = error_lines(facts)
+    return (
+        _healthy(facts, errors, common)
+        or _exclusive_mode(facts, common)
+        or _from_similar(facts, neighbours, errors, common)
+        or _from_words(facts, thin, errors, common)
+        or _unknown(facts, errors, common)
+    )
+
+
+def _common_fields(
+    facts: Facts, host: str | None, neighbours: list[tuple[KnownIncident, float]]
+) -> dict[str, object]:
+    """What every diagnosis carries: host, container, findings and the similar incidents."""
     container = next((c.name for c in facts.containers.values() if c.inspect), None) or next(
         iter(facts.containers), None
     )
-    neighbours = index.query(evidence_text(facts), k=3, exclude=exclude) if index else []
-    common = {
+    return {
         "host": host,
         "container": container,
         "findings": (*facts.findings, *host_findings(facts)),
         "similar": cite(neighbours),
     }
-    thin = is_thin(facts)
-    if matches:
-        primary = matches[0]
-        confidence = min(primary.confidence, THIN_CONFIDENCE) if thin else primary.confidence
-        summary = _summary(primary)
-        if thin:
-            summary += " Only pasted text was seen: this is the most likely cause, not a finding."
-        return Diagnosis(
-            incident=primary.incident,
-            confidence=confidence,
-            summary=summary,
-            evidence=primary.evidence,
-            secondary=tuple(dict.fromkeys(m.incident for m in matches[1:])),
-            fix=propose_fix(primary, facts),
-            matches=tuple(matches),
-            basis="thin-evidence" if thin else "evidence",
-            next_checks=knowledge.class_info(primary.incident).next
-            if thin or confidence < STRONG
-            else (),
-            **common,
-        )
-    errors = error_lines(facts)
+
+
+def _from_rules(
+    matches: list[Match], facts: Facts, thin: bool, common: dict[str, object]
+) -> Diagnosis:
+    """The strongest match decides; on thin evidence its confidence is capped and said so."""
+    primary = matches[0]
+    confidence = min(primary.confidence, THIN_CONFIDENCE) if thin else primary.confidence
+    summary = _summary(primary)
+    if thin:
+        summary += " Only pasted text was seen: this is the most likely cause, not a finding."
+    return Diagnosis(
+        incident=primary.incident,
+        confidence=confidence,
+        summary=summary,
+        evidence=primary.evidence,
+        secondary=tuple(dict.fromkeys(m.incident for m in matches[1:])),
+        fix=propose_fix(primary, facts),
+        matches=tuple(matches),
+        basis="thin-evidence" if thin else "evidence",
+        next_checks=knowledge.class_info(primary.incident).next
+        if thin or confidence < STRONG
+        else (),
+        **common,
+    )
+
+
+def _healthy(facts: Facts, errors: list[Line], common: dict[str, object]) -> Diagnosis | None:
+    """`healthy`: evidence of working GPUs and no exception or error line."""
     healthy_lines = health_evidence(facts)
-    if healthy_lines and not facts.exceptions and not errors:
-        kinds = {ln.source.rsplit(".", 1)[0] for ln in healthy_lines}
-        return Diagnosis(
-            incident=Incident.HEALTHY,
-            confidence=HEALTHY_MANY if len(kinds) > 1 else HEALTHY_ONE,
-            summary=f"{explain(Incident.HEALTHY)} What shows it working: "
-            + "; ".join(ln.text.strip()[:120] for ln in healthy_lines[:2]),
-            evidence=tuple(healthy_lines),
-            **common,
-        )
+    if not healthy_lines or facts.exceptions or errors:
+        return None
+    kinds = {ln.source.rsplit(".", 1)[0] for ln in healthy_lines}
+    return Diagnosis(
+        incident=Incident.HEALTHY,
+        confidence=HEALTHY_MANY if len(kinds) > 1 else HEALTHY_ONE,
+        summary=f"{explain(Incident.HEALTHY)} What shows it working: "
+        + "; ".join(ln.text.strip()[:120] for ln in healthy_lines[:2]),
+        evidence=tuple(healthy_lines),
+        **common,
+    )
+
+
+def _exclusive_mode(facts: Facts, common: dict[str, object]) -> Diagnosis | None:
+    """Devices busy while a GPU is in an exclusive (or prohibited) compute mode: a setting."""
     exclusive = exclusive_mode_gpus(facts)
-    if exclusive:
-        return Diagnosis(
-            incident=Incident.UNKNOWN,
-            confidence=0.5,
-            summary="CUDA reports the devices busy or unavailable while the GPU is in an "
-            "exclusive (or prohibited) compute mode: another process holds it. That is a "
-            "setting, not a failing GPU: find the process (nvidia-smi), or reset the mode with "
-            "`nvidia-smi -c 0`.",
-            evidence=tuple(exclusive[:3]),
-            next_checks=("nvidia-smi -q -d COMPUTE; nvidia-smi (which process holds the GPU).",),
-            **common,
-        )
+    if not exclusive:
+        return None
+    return Diagnosis(
+        incident=Incident.UNKNOWN,
+        confidence=0.5,
+        summary="CUDA reports the devices busy or unavailable while the GPU is in an "
+        "exclusive (or prohibited) compute mode: another process holds it. That is a "
+        "setting, not a failing GPU: find the process (nvidia-smi), or reset the mode with "
+        "`nvidia-smi -c 0`.",
+        evidence=tuple(exclusive[:3]),
+        next_checks=("nvidia-smi -q -d COMPUTE; nvidia-smi (which process holds the GPU).",),
+        **common,
+    )
+
+
+def _from_similar(
+    facts: Facts,
+    neighbours: list[tuple[KnownIncident, float]],
+    errors: list[Line],
+    common: dict[str, object],
+) -> Diagnosis | None:
+    """A proposal from the most similar known incidents (only when there was text)."""
     proposal = propose(neighbours) if facts.text_bytes else None
-    if proposal is not None:
-        incident, confidence = proposal
-        first = neighbours[0][0]
-        return Diagnosis(
-            incident=incident,
-            confidence=confidence,
-            summary=f"No rule matched. The most similar known incidents point to {incident}: "
-            f"{explain(incident)} This is a proposal from similar incidents, not a finding "
-            f"(closest: {first.source}).",
-            evidence=tuple((facts.exceptions or errors)[-3:]),
-            basis="similar-incidents",
-            next_checks=knowledge.class_info(incident).next,
-            **common,
-        )
-    last_errors = tuple((facts.exceptions or errors or facts.errorish)[-3:])
+    if proposal is None:
+        return None
+    incident, confidence = proposal
+    first = neighbours[0][0]
+    return Diagnosis(
+        incident=incident,
+        confidence=confidence,
+        summary=f"No rule matched. The most similar known incidents point to {incident}: "
+        f"{explain(incident)} This is a proposal from similar incidents, not a finding "
+        f"(closest: {first.source}).",
+        evidence=tuple((facts.exceptions or errors)[-3:]),
+        basis="similar-incidents",
+        next_checks=knowledge.class_info(incident).next,
+        **common,
+    )
+
+
+def _last_errors(facts: Facts, errors: list[Line]) -> tuple[Line, ...]:
+    """The last three exceptions, else error lines, else error-ish lines."""
+    return tuple((facts.exceptions or errors or facts.errorish)[-3:])
+
+
+def _from_words(
+    facts: Facts, thin: bool, errors: list[Line], common: dict[str, object]
+) -> Diagnosis | None:
+    """A guess from the class vocabulary the evidence uses (see :func:`word_guess`)."""
     guess = word_guess(facts, thin)
-    if guess is not None:
-        incident, words = guess
-        return Diagnosis(
-            incident=incident,
-            confidence=WORD_GUESS_CONFIDENCE,
-            summary=f"No known message matched. The words used ({', '.join(words[:4])}) point "
-            f"to {incident}: {explain(incident)} This is a guess, not a finding.",
-            evidence=last_errors,
-            basis="keywords",
-            next_checks=knowledge.class_info(incident).next,
-            **common,
-        )
-    evidence = last_errors
+    if guess is None:
+        return None
+    incident, words = guess
+    return Diagnosis(
+        incident=incident,
+        confidence=WORD_GUESS_CONFIDENCE,
+        summary=f"No known message matched. The words used ({', '.join(words[:4])}) point "
+        f"to {incident}: {explain(incident)} This is a guess, not a finding.",
+        evidence=_last_errors(facts, errors),
+        basis="keywords",
+        next_checks=knowledge.class_info(incident).next,
+        **common,
+    )
+
+
+def _unknown(facts: Facts, errors: list[Line], common: dict[str, object]) -> Diagnosis:
+    """`unknown`, saying whether the evidence was about the GPUs at all (else confidence 0)."""
+    evidence = _last_errors(facts, errors)
     relevant = bool(evidence) or has_gpu_evidence(facts) or _kernel_gpu_lines(facts)
-    if evidence:
-        summary = (
-            f"{explain(Incident.UNKNOWN)} No known error message matched; the last error "
-            f"was: {evidence[-1].text.strip()}"
-        )
-    elif facts.ssh_error:
-        summary = f"Nothing could be checked: the host could not be reached: {facts.ssh_error}"
-    elif not facts.text_bytes and not relevant:
-        summary = "Nothing to diagnose: the evidence is empty."
-    elif not relevant:
-        summary = (
-            "Nothing in the evidence says anything about the GPUs or an error: no nvidia-smi, "
-            "kernel log, container or known error message was found."
-        )
-    else:
-        summary = explain(Incident.UNKNOWN)
     return Diagnosis(
         incident=Incident.UNKNOWN,
         confidence=0.3 if relevant else 0.0,
-        summary=summary,
+        summary=_unknown_summary(facts, evidence, relevant),
         evidence=evidence,
         basis="evidence" if relevant else "no-evidence",
         next_checks=knowledge.class_info(Incident.UNKNOWN).next,
         **common,
     )
+
+
+def _unknown_summary(facts: Facts, evidence: tuple[Line, ...], relevant: bool) -> str:
+    if evidence:
+        return (
+            f"{explain(Incident.UNKNOWN)} No known error message matched; the last error "
+            f"was: {evidence[-1].text.strip()}"
+        )
+    if facts.ssh_error:
+        return f"Nothing could be checked: the host could not be reached: {facts.ssh_error}"
+    if not facts.text_bytes and not relevant:
+        return "Nothing to diagnose: the evidence is empty."
+    if not relevant:
+        return (
+            "Nothing in the evidence says anything about the GPUs or an error: no nvidia-smi, "
+            "kernel log, container or known error message was found."
+        )
+    return explain(Incident.UNKNOWN)
 
 
 WORD_GUESS_CONFIDENCE = 0.35

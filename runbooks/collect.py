@@ -396,87 +396,11 @@ def collect(
     writer = _Writer(root)
     if trigger:
         writer.text("trigger.txt", trigger)
-
-    runner: CommandRunner | None = None
-    engine: DockerEngine | None = None
     containers: list[str] = [container] if container else []
-    try:
-        if target.kind == "local":
-            runner = LocalRunner()
-        else:
-            assert target.host is not None
-            try:
-                runner = SshRunner(target.host, settings, jump_host=target.jump)
-                if isinstance(runner, SshRunner) and runner.accepted_host_key:
-                    writer.findings.append(
-                        Finding(
-                            code="host-key-accepted",
-                            severity="warning",
-                            message=f"unknown host key accepted by inventory opt-in: "
-                            f"{runner.accepted_host_key}",
-                        )
-                    )
-            except TargetError as exc:
-                writer.add(SourceResult(name="ssh", status="error", error=str(exc)))
-                writer.findings.append(
-                    Finding(code="target-unreachable", severity="error", message=str(exc))
-                )
-        with concurrent.futures.ThreadPoolExecutor(max_workers=4) as pool:
-            futures: dict[concurrent.futures.Future[None], str] = {}
-            if runner is not None:
-                for src in runbook.host_sources:
-                    futures[pool.submit(_run_host_source, runner, src, settings, writer)] = src.name
-                if runbook.nccl_tests:
-                    futures[pool.submit(_run_nccl_tests, runner, settings, writer)] = "nccl-tests"
-            else:
-                for src in runbook.host_sources:
-                    writer.add(
-                        SourceResult(
-                            name=src.name,
-                            status="error",
-                            error=NOT_RUN_UNREACHABLE,
-                        )
-                    )
-            # Docker, beside the host commands.
-            if runner is not None:
-                try:
-                    if isinstance(runner, SshRunner):
-                        engine = DockerEngine.over_ssh(
-                            runner,
-                            target.host.docker_host if target.host else None,
-                            settings.docker_timeout,
-                        )
-                    else:
-                        engine = DockerEngine.local(settings.docker_host, settings.docker_timeout)
-                except CudamedicError as exc:
-                    writer.add(SourceResult(name="docker", status="error", error=str(exc)))
-            if engine is not None:
-                _collect_docker(engine, containers, settings, writer, runbook)
-            for fut in concurrent.futures.as_completed(futures):
-                try:
-                    fut.result()
-                except Exception as exc:  # a bug in one source must not lose the others
-                    log.exception("source %s crashed", futures[fut])
-                    writer.add(
-                        SourceResult(
-                            name=futures[fut],
-                            status="error",
-                            error=f"internal error: {type(exc).__name__}: {exc}",
-                        )
-                    )
-    finally:
-        if engine is not None:
-            engine.close()
-        if runner is not None:
-            runner.close()
-
+    _collect_sources(target, settings, runbook, writer, containers)
     meta = BundleMeta(
         host=target.name,
-        target=target.kind
-        if target.kind == "local"
-        else f"ssh://{target.host.address}:{target.host.port}"
-        if target.host
-        else target.name,
+        target=_target_text(target),
         containers=tuple(containers),
         collected_at=when,
         duration_s=round(time.monotonic() - started, 3),
@@ -489,6 +413,123 @@ def collect(
     tmp.write_text(meta.model_dump_json(indent=2) + "\n", encoding="utf-8")
     os.replace(tmp, root / "bundle.json")
     return root
+
+
+def _collect_sources(
+    target: Target,
+    settings: Settings,
+    runbook: Runbook,
+    writer: _Writer,
+    containers: list[str],
+) -> None:
+    """Run every source of the runbook: host commands concurrently over one connection, Docker
+    beside them. ``containers`` (empty: pick the GPU containers) gets the ones collected."""
+    runner: CommandRunner | None = None
+    engine: DockerEngine | None = None
+    try:
+        runner = _open_runner(target, settings, writer)
+        with concurrent.futures.ThreadPoolExecutor(max_workers=4) as pool:
+            futures = _start_host_sources(pool, runner, runbook, settings, writer)
+            # Docker, beside the host commands.
+            engine = _open_engine(runner, target, settings, writer)
+            if engine is not None:
+                _collect_docker(engine, containers, settings, writer, runbook)
+            _await_host_sources(futures, writer)
+    finally:
+        if engine is not None:
+            engine.close()
+        if runner is not None:
+            runner.close()
+
+
+def _open_runner(target: Target, settings: Settings, writer: _Writer) -> CommandRunner | None:
+    """A local runner, or an SSH connection; ``None`` (recorded) when the host is unreachable."""
+    if target.kind == "local":
+        return LocalRunner()
+    assert target.host is not None
+    try:
+        runner = SshRunner(target.host, settings, jump_host=target.jump)
+    except TargetError as exc:
+        writer.add(SourceResult(name="ssh", status="error", error=str(exc)))
+        writer.findings.append(
+            Finding(code="target-unreachable", severity="error", message=str(exc))
+        )
+        return None
+    if runner.accepted_host_key:
+        writer.findings.append(
+            Finding(
+                code="host-key-accepted",
+                severity="warning",
+                message=f"unknown host key accepted by inventory opt-in: "
+                f"{runner.accepted_host_key}",
+            )
+        )
+    return runner
+
+
+def _start_host_sources(
+    pool: concurrent.futures.ThreadPoolExecutor,
+    runner: CommandRunner | None,
+    runbook: Runbook,
+    settings: Settings,
+    writer: _Writer,
+) -> dict[concurrent.futures.Future[None], str]:
+    """Submit each host source (and nccl-tests) to ``pool``; without a runner, record each
+    host source as not run."""
+    futures: dict[concurrent.futures.Future[None], str] = {}
+    if runner is None:
+        for src in runbook.host_sources:
+            writer.add(SourceResult(name=src.name, status="error", error=NOT_RUN_UNREACHABLE))
+        return futures
+    for src in runbook.host_sources:
+        futures[pool.submit(_run_host_source, runner, src, settings, writer)] = src.name
+    if runbook.nccl_tests:
+        futures[pool.submit(_run_nccl_tests, runner, settings, writer)] = "nccl-tests"
+    return futures
+
+
+def _open_engine(
+    runner: CommandRunner | None, target: Target, settings: Settings, writer: _Writer
+) -> DockerEngine | None:
+    """The Docker engine of the target (over the SSH connection, or local); ``None`` (recorded
+    as source ``docker``) when it cannot be reached, or when the host itself cannot."""
+    if runner is None:
+        return None
+    try:
+        if isinstance(runner, SshRunner):
+            return DockerEngine.over_ssh(
+                runner,
+                target.host.docker_host if target.host else None,
+                settings.docker_timeout,
+            )
+        return DockerEngine.local(settings.docker_host, settings.docker_timeout)
+    except CudamedicError as exc:
+        writer.add(SourceResult(name="docker", status="error", error=str(exc)))
+        return None
+
+
+def _await_host_sources(
+    futures: dict[concurrent.futures.Future[None], str], writer: _Writer
+) -> None:
+    for fut in concurrent.futures.as_completed(futures):
+        try:
+            fut.result()
+        except Exception as exc:  # a bug in one source must not lose the others
+            log.exception("source %s crashed", futures[fut])
+            writer.add(
+                SourceResult(
+                    name=futures[fut],
+                    status="error",
+                    error=f"internal error: {type(exc).__name__}: {exc}",
+                )
+            )
+
+
+def _target_text(target: Target) -> str:
+    """``local``, or the ``ssh://address:port`` collected from."""
+    if target.kind == "local":
+        return target.kind
+    return f"ssh://{target.host.address}:{target.host.port}" if target.host else target.name
 
 
 def _collect_docker(

@@ -16,6 +16,7 @@ from typing import Any
 from runbooks import knowledge
 from runbooks.dockerrun import diff, fmt_size, run_args
 from runbooks.errors import FixError
+from runbooks.evidence.docker_inspect import InspectFacts
 from runbooks.facts import ContainerFacts, Facts
 from runbooks.model import (
     ContainerChange,
@@ -125,6 +126,8 @@ def _gpus_flag(devices: tuple[str, ...]) -> str:
 
 
 def propose_fix(match: Match | None, facts: Facts) -> Fix | None:
+    """The fix for a match: a container change to recreate with (``safe``) where the evidence
+    allows one, else the manual steps; ``None`` when there is nothing to propose."""
     if match is None:
         return None
     incident = Incident(match.incident)
@@ -134,39 +137,12 @@ def propose_fix(match: Match | None, facts: Facts) -> Fix | None:
     if incident == Incident.GPU_HARDWARE_FAULT:
         return Fix(safe=False, steps=_hardware_steps(facts))
     if c is None or c.inspect is None:
-        if incident in (Incident.GPU_NOT_REQUESTED, Incident.SHM_TOO_SMALL, Incident.MEMLOCK_LIMIT):
-            return Fix(
-                safe=False,
-                steps=(*_flag_hint(incident), *manual),
-                note="no container inspect in the evidence: cannot plan a recreate",
-            )
-        return Fix(safe=False, steps=manual) if manual else None
+        return _fix_without_inspect(incident, manual)
     info = c.inspect
     if incident == Incident.GPU_NOT_REQUESTED:
-        if gpus == 0:
-            return Fix(
-                safe=False,
-                container=c.name,
-                steps=("Check the host's GPUs first (`nvidia-smi`): no working GPU seen.",),
-                note="the host shows no working GPU, so adding --gpus would not help",
-            )
-        devices = _intended_devices(c)
-        change = ContainerChange(
-            device_requests=(GpuRequestSpec(count=0 if devices else -1, device_ids=devices),)
-        )
-        return Fix(safe=True, container=c.name, change=change, docker_run=(_gpus_flag(devices),))
+        return _request_gpus(c, gpus)
     if incident == Incident.SHM_TOO_SMALL:
-        multi = gpus > 1 or any(
-            r.count == -1 or r.count > 1 or len(r.device_ids) > 1 for r in info.gpu_requests
-        )
-        size = 8 * GiB if multi else 1 * GiB
-        return Fix(
-            safe=True,
-            container=c.name,
-            change=ContainerChange(shm_size=size),
-            docker_run=(f"+ --shm-size={size // GiB}g",),
-            note="--ipc=host is the alternative where the policy allows it",
-        )
+        return _larger_shm(c.name, info, gpus)
     if incident == Incident.MEMLOCK_LIMIT:
         return Fix(
             safe=True,
@@ -179,51 +155,105 @@ def propose_fix(match: Match | None, facts: Facts) -> Fix | None:
             ),
         )
     if incident == Incident.INVALID_DEVICE_ORDINAL:
-        visible = sum(max(r.count, 0) + len(r.device_ids) for r in info.gpu_requests)
-        all_given = any(r.count == -1 for r in info.gpu_requests)
-        if gpus > 1 and not all_given and (visible < gpus):
-            devices = _intended_devices(c)
-            return Fix(
-                safe=True,
-                container=c.name,
-                change=ContainerChange(
-                    device_requests=(
-                        GpuRequestSpec(count=0 if devices else -1, device_ids=devices),
-                    )
-                ),
-                docker_run=(_gpus_flag(devices),),
-                note=f"the host has {gpus} GPUs; the container saw {visible}",
-            )
+        return _show_every_gpu(c, info, gpus, manual)
+    if incident == Incident.NCCL_SLOW_TRANSPORT:
+        return _nccl_transport(c.name, info, manual)
+    return Fix(safe=False, container=c.name, steps=manual) if manual else None
+
+
+def _fix_without_inspect(incident: Incident, manual: tuple[str, ...]) -> Fix | None:
+    """No container inspect: no recreate can be planned, only steps."""
+    if incident in (Incident.GPU_NOT_REQUESTED, Incident.SHM_TOO_SMALL, Incident.MEMLOCK_LIMIT):
+        return Fix(
+            safe=False,
+            steps=(*_flag_hint(incident), *manual),
+            note="no container inspect in the evidence: cannot plan a recreate",
+        )
+    return Fix(safe=False, steps=manual) if manual else None
+
+
+def _request_gpus(c: ContainerFacts, gpus: int) -> Fix:
+    """GPUs not requested: recreate with ``--gpus`` (the intended devices, else all), unless
+    the host shows no working GPU."""
+    if gpus == 0:
         return Fix(
             safe=False,
             container=c.name,
-            steps=manual,
-            note="the container already sees every GPU the host has",
+            steps=("Check the host's GPUs first (`nvidia-smi`): no working GPU seen.",),
+            note="the host shows no working GPU, so adding --gpus would not help",
         )
-    if incident == Incident.NCCL_SLOW_TRANSPORT:
-        delta: list[str] = []
-        change = ContainerChange()
-        if info.ipc_mode != "host":
-            delta.append("+ --ipc=host")
-            change = change.model_copy(update={"ipc_mode": "host"})
-        memlock = info.ulimit("memlock")
-        if memlock is None or memlock.soft != -1:
-            delta += ["+ --ulimit memlock=-1", "+ --ulimit stack=67108864"]
-            change = change.model_copy(update={"ulimits": MEMLOCK})
-        if "IPC_LOCK" not in info.cap_add:
-            delta.append("+ --cap-add IPC_LOCK")
-            change = change.model_copy(update={"cap_add": ("IPC_LOCK",)})
-        if delta:
-            return Fix(
-                safe=True,
-                container=c.name,
-                change=change,
-                docker_run=tuple(delta),
-                steps=manual,
-                note="container flags first; if still slow, the host work",
-            )
-        return Fix(safe=False, container=c.name, steps=manual)
-    return Fix(safe=False, container=c.name, steps=manual) if manual else None
+    devices = _intended_devices(c)
+    change = ContainerChange(
+        device_requests=(GpuRequestSpec(count=0 if devices else -1, device_ids=devices),)
+    )
+    return Fix(safe=True, container=c.name, change=change, docker_run=(_gpus_flag(devices),))
+
+
+def _larger_shm(name: str, info: InspectFacts, gpus: int) -> Fix:
+    """/dev/shm too small: 8 GiB where several GPUs are in play, else 1 GiB."""
+    multi = gpus > 1 or any(
+        r.count == -1 or r.count > 1 or len(r.device_ids) > 1 for r in info.gpu_requests
+    )
+    size = 8 * GiB if multi else 1 * GiB
+    return Fix(
+        safe=True,
+        container=name,
+        change=ContainerChange(shm_size=size),
+        docker_run=(f"+ --shm-size={size // GiB}g",),
+        note="--ipc=host is the alternative where the policy allows it",
+    )
+
+
+def _show_every_gpu(
+    c: ContainerFacts, info: InspectFacts, gpus: int, manual: tuple[str, ...]
+) -> Fix:
+    """An invalid device ordinal: give the container the host's GPUs when it sees fewer."""
+    visible = sum(max(r.count, 0) + len(r.device_ids) for r in info.gpu_requests)
+    all_given = any(r.count == -1 for r in info.gpu_requests)
+    if gpus > 1 and not all_given and (visible < gpus):
+        devices = _intended_devices(c)
+        return Fix(
+            safe=True,
+            container=c.name,
+            change=ContainerChange(
+                device_requests=(GpuRequestSpec(count=0 if devices else -1, device_ids=devices),)
+            ),
+            docker_run=(_gpus_flag(devices),),
+            note=f"the host has {gpus} GPUs; the container saw {visible}",
+        )
+    return Fix(
+        safe=False,
+        container=c.name,
+        steps=manual,
+        note="the container already sees every GPU the host has",
+    )
+
+
+def _nccl_transport(name: str, info: InspectFacts, manual: tuple[str, ...]) -> Fix:
+    """A slow NCCL transport: the container flags it lacks (host IPC, unlimited memlock,
+    IPC_LOCK) first, then the manual host work."""
+    delta: list[str] = []
+    change = ContainerChange()
+    if info.ipc_mode != "host":
+        delta.append("+ --ipc=host")
+        change = change.model_copy(update={"ipc_mode": "host"})
+    memlock = info.ulimit("memlock")
+    if memlock is None or memlock.soft != -1:
+        delta += ["+ --ulimit memlock=-1", "+ --ulimit stack=67108864"]
+        change = change.model_copy(update={"ulimits": MEMLOCK})
+    if "IPC_LOCK" not in info.cap_add:
+        delta.append("+ --cap-add IPC_LOCK")
+        change = change.model_copy(update={"cap_add": ("IPC_LOCK",)})
+    if delta:
+        return Fix(
+            safe=True,
+            container=name,
+            change=change,
+            docker_run=tuple(delta),
+            steps=manual,
+            note="container flags first; if still slow, the host work",
+        )
+    return Fix(safe=False, container=name, steps=manual)
 
 
 def _flag_hint(incident: Incident) -> tuple[str, ...]:

@@ -162,6 +162,8 @@ def apply_plan(
     inspect_snapshot: dict[str, Any],
     sleep: Callable[[float], None] = time.sleep,
 ) -> Outcome:
+    """Recreate ``plan.container`` with the planned change and verify it; any failure rolls
+    back to the original. Each step is journalled before it is done (see the module doc)."""
     journal.write(
         "begin",
         name=plan.container,
@@ -174,81 +176,112 @@ def apply_plan(
         inspect=inspect_snapshot,
     )
     _boundary("begin")
-    new_id: str | None = None
     try:
-        if plan.was_running:
-            journal.write("stop")
-            _boundary("stop")
-            engine.stop(plan.container_id, settings.fix_stop_timeout)
-            _boundary("stop:done")
-        journal.write("rename", to=plan.backup_name)
-        _boundary("rename")
-        engine.set_restart_policy(plan.container_id, {"Name": "no", "MaximumRetryCount": 0})
-        engine.rename(plan.container_id, plan.backup_name)
-        _boundary("rename:done")
-        journal.write("create")
-        _boundary("create")
-        spec = plan.spec
-        new_id = engine.create(spec.name, spec.config, spec.host_config, spec.networking)
-        for net, endpoint in spec.extra_networks.items():
-            engine.connect(net, new_id, endpoint)
-        journal.write("created", id=new_id)
-        _boundary("create:done")
-        journal.write("start", id=new_id)
-        _boundary("start")
-        started = int(time.time()) - 1
-        engine.start(new_id)
-        _boundary("start:done")
-        checks = verify(engine, plan, new_id, started, settings, sleep)
-        failed = [c for c in checks if not c.ok]
-        if failed:
-            raise VerifyFailed("; ".join(f"{c.name}: {c.detail}" for c in failed), checks)
-        journal.write("verified", checks=[c.model_dump() for c in checks])
-        _boundary("verified")
-        journal.write("done", id=new_id)
-        return Outcome(
-            status="fixed",
-            checks=tuple(checks),
-            new_id=new_id,
-            backup=plan.backup_name,
-            message=f"{plan.container} recreated with {' '.join(_delta(plan))}; "
-            f"verified; backup kept as {plan.backup_name}",
-        )
+        return _recreate(engine, plan, settings, journal, sleep)
     except CudamedicError as exc:
-        seen: tuple[Check, ...] = (
-            tuple(exc.args[1]) if isinstance(exc, VerifyFailed) and len(exc.args) > 1 else ()
+        return _roll_back(engine, plan, journal, exc)
+
+
+def _recreate(
+    engine: DockerEngine,
+    plan: FixPlan,
+    settings: Settings,
+    journal: Journal,
+    sleep: Callable[[float], None],
+) -> Outcome:
+    """Set the original aside, create and start the replacement, verify it. Raises
+    CudamedicError (VerifyFailed, carrying the checks, when a check fails)."""
+    _set_aside(engine, plan, settings, journal)
+    new_id, started = _create_and_start(engine, plan, journal)
+    checks = verify(engine, plan, new_id, started, settings, sleep)
+    failed = [c for c in checks if not c.ok]
+    if failed:
+        raise VerifyFailed("; ".join(f"{c.name}: {c.detail}" for c in failed), checks)
+    journal.write("verified", checks=[c.model_dump() for c in checks])
+    _boundary("verified")
+    journal.write("done", id=new_id)
+    return Outcome(
+        status="fixed",
+        checks=tuple(checks),
+        new_id=new_id,
+        backup=plan.backup_name,
+        message=f"{plan.container} recreated with {' '.join(_delta(plan))}; "
+        f"verified; backup kept as {plan.backup_name}",
+    )
+
+
+def _set_aside(engine: DockerEngine, plan: FixPlan, settings: Settings, journal: Journal) -> None:
+    """Stop the original if it runs, set its restart policy to 'no', rename it to the backup."""
+    if plan.was_running:
+        journal.write("stop")
+        _boundary("stop")
+        engine.stop(plan.container_id, settings.fix_stop_timeout)
+        _boundary("stop:done")
+    journal.write("rename", to=plan.backup_name)
+    _boundary("rename")
+    engine.set_restart_policy(plan.container_id, {"Name": "no", "MaximumRetryCount": 0})
+    engine.rename(plan.container_id, plan.backup_name)
+    _boundary("rename:done")
+
+
+def _create_and_start(engine: DockerEngine, plan: FixPlan, journal: Journal) -> tuple[str, int]:
+    """Create the replacement (joined to its extra networks) and start it: its id, and the
+    epoch second just before the start (log lines from then on are its own)."""
+    journal.write("create")
+    _boundary("create")
+    spec = plan.spec
+    new_id = engine.create(spec.name, spec.config, spec.host_config, spec.networking)
+    for net, endpoint in spec.extra_networks.items():
+        engine.connect(net, new_id, endpoint)
+    journal.write("created", id=new_id)
+    _boundary("create:done")
+    journal.write("start", id=new_id)
+    _boundary("start")
+    started = int(time.time()) - 1
+    engine.start(new_id)
+    _boundary("start:done")
+    return new_id, started
+
+
+def _roll_back(
+    engine: DockerEngine, plan: FixPlan, journal: Journal, exc: CudamedicError
+) -> Outcome:
+    """Put the original back after ``exc``: ``rolled-back``, or ``rollback-failed`` (the
+    journal then holds where it stopped, for `recover`)."""
+    seen: tuple[Check, ...] = (
+        tuple(exc.args[1]) if isinstance(exc, VerifyFailed) and len(exc.args) > 1 else ()
+    )
+    reason = str(exc.args[0]) if exc.args else str(exc)
+    journal.write("rolling-back", reason=reason)
+    _boundary("rolling-back")
+    try:
+        restore(
+            engine,
+            original_id=plan.container_id,
+            name=plan.container,
+            restart_policy=plan.restart_policy,
+            was_running=plan.was_running,
         )
-        reason = str(exc.args[0]) if exc.args else str(exc)
-        journal.write("rolling-back", reason=reason)
-        _boundary("rolling-back")
-        try:
-            restore(
-                engine,
-                original_id=plan.container_id,
-                name=plan.container,
-                restart_policy=plan.restart_policy,
-                was_running=plan.was_running,
-            )
-        except CudamedicError as again:
-            return Outcome(
-                status="rollback-failed",
-                checks=seen,
-                message=(
-                    f"the fix failed ({reason}) and the rollback failed too ({again}); the journal "
-                    f"{journal.path} records where it stopped — the next `cudamedic fix` or "
-                    "`cudamedic rollback` finishes it"
-                ),
-            )
-        _boundary("restore:done")
-        journal.write("rolled-back", reason=reason)
+    except CudamedicError as again:
         return Outcome(
-            status="rolled-back",
+            status="rollback-failed",
             checks=seen,
             message=(
-                f"the fix failed ({reason}); rolled back: {plan.container} is the original "
-                "container again, as it was"
+                f"the fix failed ({reason}) and the rollback failed too ({again}); the journal "
+                f"{journal.path} records where it stopped — the next `cudamedic fix` or "
+                "`cudamedic rollback` finishes it"
             ),
         )
+    _boundary("restore:done")
+    journal.write("rolled-back", reason=reason)
+    return Outcome(
+        status="rolled-back",
+        checks=seen,
+        message=(
+            f"the fix failed ({reason}); rolled back: {plan.container} is the original "
+            "container again, as it was"
+        ),
+    )
 
 
 def _delta(plan: FixPlan) -> list[str]:

@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterable
 from datetime import datetime
 
 from runbooks import knowledge
+from runbooks.evidence.dmesg import KernelLogFacts
 from runbooks.evidence.nvidia_smi import XmlGpu
 from runbooks.facts import ContainerFacts, Facts, Origin, origin_of
 from runbooks.judgments import (
@@ -181,99 +182,139 @@ def recent(facts: Facts, when: object, uptime: float | None = None) -> bool:
 # -- rules -------------------------------------------------------------------------------------
 @rule(Incident.GPU_HARDWARE_FAULT)
 def gpu_hardware_fault(facts: Facts) -> Match | None:
+    """A failing GPU, proved by any of: recent fault Xids in the kernel log, one GPU failing to
+    initialize while the others work, application Xids pinned to one GPU, fault Xids quoted
+    in a log, uncorrectable ECC or ``ERR!`` in nvidia-smi, tripped ECC/retirement/remap
+    counters in its XML. Without such proof the signature match alone stands (see
+    :func:`_hardware_signature_only`)."""
     match = sig_match(facts, Incident.GPU_HARDWARE_FAULT)
-    lines: list[Line] = []
-    best = 0.0
-    reasons = []
+    proof = _Proof()
     if facts.kernel is not None:
-        for xid in facts.kernel.xids:
-            if not recent(facts, xid.timestamp, xid.uptime_s):
+        _kernel_fault_xids(facts, facts.kernel, proof)
+        _kernel_one_gpu_failing(facts, facts.kernel, proof)
+    _quoted_fault_xids(facts, proof)
+    _smi_faults(facts, proof)
+    if not proof.lines:
+        return _hardware_signature_only(facts, match)
+    return _boost(
+        match, Incident.GPU_HARDWARE_FAULT, proof.best, proof.lines, "; ".join(proof.reasons)
+    )
+
+
+class _Proof:
+    """What a rule found beyond its signatures: the lines, the best confidence, the reasons."""
+
+    def __init__(self) -> None:
+        self.lines: list[Line] = []
+        self.best = 0.0
+        self.reasons: list[str] = []
+
+    def add(self, lines: Iterable[Line], confidence: float, reason: str) -> None:
+        self.lines.extend(lines)
+        self.best = max(self.best, confidence)
+        self.reasons.append(reason)
+
+
+def _kernel_fault_xids(facts: Facts, kernel: KernelLogFacts, proof: _Proof) -> None:
+    """Recent kernel Xids whose code (or a previous Xid the line names) is a hardware fault."""
+    for xid in kernel.xids:
+        if not recent(facts, xid.timestamp, xid.uptime_s):
+            continue
+        # "Xid 45 ... caused by previous Xid 149": judge every code the line names.
+        codes = dict.fromkeys([xid.code, *map(int, _PREVIOUS_XID.findall(xid.message))])
+        for code in codes:
+            info = knowledge.xid_info(code)
+            if info is None or not info.fault:
                 continue
-            # "Xid 45 ... caused by previous Xid 149": judge every code the line names.
-            codes = dict.fromkeys([xid.code, *map(int, _PREVIOUS_XID.findall(xid.message))])
-            for code in codes:
-                info = knowledge.xid_info(code)
-                if info is None or not info.fault:
-                    continue
-                lines.append(xid.line)
-                best = max(best, 0.95 if info.severity == "critical" else 0.8)
-                reasons.append(
-                    f"Xid {code} ({info.mnemonic}): NVIDIA action {info.immediate_action}"
-                )
-                break
-        missing = hits(facts, ["gpu-reported-broken"], WORKLOAD)
-        init_failed = [n.line for n in facts.kernel.nvrm if "RmInitAdapter failed" in n.line.text]
-        if missing and init_failed:
-            lines.extend([*init_failed[:2], missing[0]])
-            best = max(best, 0.85)
-            reasons.append("one GPU fails to initialize (RmInitAdapter) while the others work")
-        pinned = _app_faults_pinned_to_one_gpu(facts)
-        if pinned is not None:
-            pci, pinned_lines = pinned
-            lines.extend(pinned_lines)
-            best = max(best, 0.8)
-            reasons.append(
-                f"application-type Xids recur on GPU {pci} only, across "
-                f"{len({x.pid for x in facts.kernel.xids if x.pci == pci})} different "
-                "processes: the GPU, not the application, is the common factor"
+            proof.add(
+                [xid.line],
+                0.95 if info.severity == "critical" else 0.8,
+                f"Xid {code} ({info.mnemonic}): NVIDIA action {info.immediate_action}",
             )
+            break
+
+
+def _kernel_one_gpu_failing(facts: Facts, kernel: KernelLogFacts, proof: _Proof) -> None:
+    """One GPU fails to initialize while the others work; application Xids that recur on one
+    GPU across processes."""
+    missing = hits(facts, ["gpu-reported-broken"], WORKLOAD)
+    init_failed = [n.line for n in kernel.nvrm if "RmInitAdapter failed" in n.line.text]
+    if missing and init_failed:
+        proof.add(
+            [*init_failed[:2], missing[0]],
+            0.85,
+            "one GPU fails to initialize (RmInitAdapter) while the others work",
+        )
+    pinned = _app_faults_pinned_to_one_gpu(facts)
+    if pinned is not None:
+        pci, pinned_lines = pinned
+        proof.add(
+            pinned_lines,
+            0.8,
+            f"application-type Xids recur on GPU {pci} only, across "
+            f"{len({x.pid for x in kernel.xids if x.pci == pci})} different "
+            "processes: the GPU, not the application, is the common factor",
+        )
+
+
+def _quoted_fault_xids(facts: Facts, proof: _Proof) -> None:
+    """Fault Xids quoted in container, trigger or host text (no kernel log needed)."""
     for ln in hits(facts, ["xid-mention"], origins=("container", "trigger", "host")):
         for code in _XID_CODE.findall(ln.text):
             info = knowledge.xid_info(int(code))
             if info is not None and info.fault:
-                lines.append(ln)
-                best = max(best, 0.9 if info.severity == "critical" else 0.75)
-                reasons.append(f"Xid {code} ({info.mnemonic}) reported")
+                proof.add(
+                    [ln],
+                    0.9 if info.severity == "critical" else 0.75,
+                    f"Xid {code} ({info.mnemonic}) reported",
+                )
                 break
-    if facts.smi is not None:
-        for gpu in facts.smi.gpus:
-            count = gpu.volatile_uncorrected_ecc or ""
-            if count.isdigit() and int(count) > 0 and gpu.line is not None:
-                lines.append(gpu.line)
-                best = max(best, 0.85)
-                reasons.append(f"GPU {gpu.index} has {count} volatile uncorrectable ECC error(s)")
-            if gpu.err_fields and gpu.line is not None:
-                lines.append(gpu.line)
-                best = max(best, 0.85)
-                reasons.append(
-                    f"nvidia-smi shows ERR! for GPU {gpu.index} ({', '.join(gpu.err_fields)})"
-                )
-    if facts.smi_xml is not None:
-        for xgpu in facts.smi_xml.gpus:
-            tripped = _ecc_faults(xgpu)
-            if tripped:
-                best = max(best, 0.9)
-                lines.append(
-                    Line(
-                        source="nvidia-smi.xml",
-                        line=0,
-                        text=f"GPU {xgpu.bus_id}: {', '.join(tripped)}",
-                    )
-                )
-                reasons.append(f"GPU {xgpu.bus_id}: {', '.join(tripped)}")
-    if match is not None and set(match.reason.removeprefix("matched ").split(", ")) == {
-        "devices-busy-unavailable"
-    }:
-        exclusive = exclusive_mode_gpus(facts)
-        if exclusive and not lines:
-            # Another process holds an exclusive-mode GPU: a setting, not a failing device.
-            return match.model_copy(
-                update={
-                    "confidence": 0.4,
-                    "reason": "'busy or unavailable' on a GPU in exclusive/prohibited compute "
-                    "mode: another process holds it (nvidia-smi -c 0 resets the mode)",
-                }
+
+
+def _smi_faults(facts: Facts, proof: _Proof) -> None:
+    """nvidia-smi: volatile uncorrectable ECC or ``ERR!`` fields in the table; tripped
+    ECC/retirement/remap counters in the XML."""
+    for gpu in facts.smi.gpus if facts.smi is not None else ():
+        count = gpu.volatile_uncorrected_ecc or ""
+        if count.isdigit() and int(count) > 0 and gpu.line is not None:
+            proof.add(
+                [gpu.line], 0.85, f"GPU {gpu.index} has {count} volatile uncorrectable ECC error(s)"
             )
-    if not lines:
-        if match is None or facts.kernel is None:
-            return match
-        # Signature-only: kernel lines of old Xids are context, not the cause.
-        old = {x.line.line for x in facts.kernel.xids if not recent(facts, x.timestamp, x.uptime_s)}
-        kept = tuple(
-            ln for ln in match.evidence if not (ln.source == "dmesg.txt" and ln.line in old)
+        if gpu.err_fields and gpu.line is not None:
+            proof.add(
+                [gpu.line],
+                0.85,
+                f"nvidia-smi shows ERR! for GPU {gpu.index} ({', '.join(gpu.err_fields)})",
+            )
+    for xgpu in facts.smi_xml.gpus if facts.smi_xml is not None else ():
+        tripped = _ecc_faults(xgpu)
+        if tripped:
+            text = f"GPU {xgpu.bus_id}: {', '.join(tripped)}"
+            proof.add([Line(source="nvidia-smi.xml", line=0, text=text)], 0.9, text)
+
+
+def _hardware_signature_only(facts: Facts, match: Match | None) -> Match | None:
+    """The signature match without further proof: 'busy or unavailable' alone on a GPU in an
+    exclusive compute mode is a setting (confidence 0.4); kernel lines of old Xids are context,
+    not the cause (dropped, and the match with them when nothing else is left)."""
+    if match is None:
+        return None
+    if set(match.reason.removeprefix("matched ").split(", ")) == {
+        "devices-busy-unavailable"
+    } and exclusive_mode_gpus(facts):
+        # Another process holds an exclusive-mode GPU: a setting, not a failing device.
+        return match.model_copy(
+            update={
+                "confidence": 0.4,
+                "reason": "'busy or unavailable' on a GPU in exclusive/prohibited compute "
+                "mode: another process holds it (nvidia-smi -c 0 resets the mode)",
+            }
         )
-        return match.model_copy(update={"evidence": kept}) if kept else None
-    return _boost(match, Incident.GPU_HARDWARE_FAULT, best, lines, "; ".join(reasons))
+    if facts.kernel is None:
+        return match
+    old = {x.line.line for x in facts.kernel.xids if not recent(facts, x.timestamp, x.uptime_s)}
+    kept = tuple(ln for ln in match.evidence if not (ln.source == "dmesg.txt" and ln.line in old))
+    return match.model_copy(update={"evidence": kept}) if kept else None
 
 
 def exclusive_mode_gpus(facts: Facts) -> list[Line]:

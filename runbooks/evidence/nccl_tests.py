@@ -174,127 +174,170 @@ def parse_nccl_tests(text: str, source: str = "nccl-tests.txt") -> NcclTestFacts
                 Finding(code="nccl-empty", message="empty nccl-tests output", source=source),
             ),
         )
-    findings: list[Finding] = []
-    if looks_binary(text):
-        findings.append(binary_input(source))
-    collective: str | None = None
-    binary_hint: str | None = None
-    header: Line | None = None
-    threads = gpus_per_proc = None
-    version: str | None = None
-    devices: dict[tuple[str, int], NcclDevice] = {}
-    rows: list[NcclRow] = []
-    avg: float | None = None
-    oob: int | None = None
-    oob_ok: bool | None = None
-    failures: list[Line] = []
-    has_root: bool | None = None
-    error_column = False
+    return _NcclReader(text, source).read()
 
-    for number, raw in enumerate(split_lines(text), 1):
-        if len(raw) > MAX_SCAN_CHARS:
-            findings.append(too_long(source, number, len(raw)))
-            continue
-        body = _PREFIX.sub("", raw, count=1).strip()
-        if not body:
-            continue
-        cited = cite(source, number, raw)
-        if collective is None and (m := _STARTING.search(body)):
-            collective = m["bin"]
-        if binary_hint is None and "NCCL INFO" not in body and (m := _BINARY.search(body)):
-            binary_hint = m["bin"]
-        if version is None and (m := _VERSION.search(body)):
-            version = m["v"]
+
+class _NcclReader:
+    """One pass over nccl-tests output, line by line with any launcher prefix removed: what
+    names the test, the ``nThread`` header, the rank/device lines, the column header, the size
+    rows and the summary lines; then the totals and findings over all rows."""
+
+    def __init__(self, text: str, source: str) -> None:
+        self.source = source
+        self.findings: list[Finding] = [binary_input(source)] if looks_binary(text) else []
+        self.lines = split_lines(text)
+        self.collective: str | None = None  # from "# Collective test starting: ..."
+        self.binary_hint: str | None = None  # from a binary name such as all_reduce_perf
+        self.header: Line | None = None
+        self.threads: int | None = None
+        self.gpus_per_proc: int | None = None
+        self.version: str | None = None
+        self.devices: dict[tuple[str, int], NcclDevice] = {}  # first line per (host, rank)
+        self.rows: list[NcclRow] = []
+        self.avg: float | None = None
+        self.oob: int | None = None
+        self.oob_ok: bool | None = None
+        self.failures: list[Line] = []
+        self.has_root: bool | None = None  # None: no column header seen
+        self.error_column = False  # the column header has "error", not "#wrong"
+
+    def read(self) -> NcclTestFacts:
+        for number, raw in enumerate(self.lines, 1):
+            if len(raw) > MAX_SCAN_CHARS:
+                self.findings.append(too_long(self.source, number, len(raw)))
+                continue
+            body = _PREFIX.sub("", raw, count=1).strip()
+            if body:
+                self._line(number, body, cite(self.source, number, raw))
+        return self._facts()
+
+    def _line(self, number: int, body: str, cited: Line) -> None:
+        self._names_and_failures(body, cited)
+        if self._summary(body):
+            return
+        if self.header is None and (m := _HEADER.match(body)):
+            self.header, self.threads, self.gpus_per_proc = cited, int(m["threads"]), int(m["gpus"])
+        elif m := _DEVICE.match(body):
+            device = _device(m, cited)
+            self.devices.setdefault((device.host, device.rank), device)
+        elif body.startswith("#"):
+            self._column_header(body.split())
+        else:
+            self._size_row(number, body.split(), cited)
+
+    def _names_and_failures(self, body: str, cited: Line) -> None:
+        """The collective, binary name and NCCL version (first seen) and any failure line."""
+        if self.collective is None and (m := _STARTING.search(body)):
+            self.collective = m["bin"]
+        if self.binary_hint is None and "NCCL INFO" not in body and (m := _BINARY.search(body)):
+            self.binary_hint = m["bin"]
+        if self.version is None and (m := _VERSION.search(body)):
+            self.version = m["v"]
         if _FAILURE.search(body):
-            failures.append(cited)
+            self.failures.append(cited)
+
+    def _summary(self, body: str) -> bool:
+        """``# Avg bus bandwidth`` or ``# Out of bounds values``; True if it was one."""
         if m := _AVG.search(body):
-            avg = float(m["v"])
-            continue
+            self.avg = float(m["v"])
+            return True
         if m := _OOB.search(body):
-            oob = int(m["n"])
-            oob_ok = m["verdict"] == "OK" if m["verdict"] else oob == 0
-            continue
-        if header is None and (m := _HEADER.match(body)):
-            header, threads, gpus_per_proc = cited, int(m["threads"]), int(m["gpus"])
-            continue
-        if m := _DEVICE.match(body):
-            device = NcclDevice(
-                rank=int(m["rank"]),
-                group=int(m["group"]) if m["group"] else None,
-                pid=int(m["pid"]),
-                host=m["host"],
-                device=int(m["device"]),
-                bus_id=m["bus"].strip(),
-                model=m["model"],
-                line=cited,
-            )
-            devices.setdefault((device.host, device.rank), device)
-            continue
-        if body.startswith("#"):
-            words = body.split()
-            if "size" in words and "count" in words and "type" in words:
-                has_root = "root" in words
-                error_column = "error" in words and "#wrong" not in words
-            continue
-        tokens = body.split()
+            self.oob = int(m["n"])
+            self.oob_ok = m["verdict"] == "OK" if m["verdict"] else self.oob == 0
+            return True
+        return False
+
+    def _column_header(self, words: list[str]) -> None:
+        """A ``#`` line naming the columns tells whether rows have a root and an error column."""
+        if "size" in words and "count" in words and "type" in words:
+            self.has_root = "root" in words
+            self.error_column = "error" in words and "#wrong" not in words
+
+    def _size_row(self, number: int, tokens: list[str], cited: Line) -> None:
         if not _INT.match(tokens[0]) or len(tokens) < 4:
-            continue
-        row = _row(tokens, has_root, error_column, cited)
+            return
+        row = _row(tokens, self.has_root, self.error_column, cited)
         if row is not None:
-            rows.append(row)
+            self.rows.append(row)
         elif len(tokens) >= 8:
-            findings.append(
+            self.findings.append(
                 Finding(
                     code="nccl-unparsed-row",
                     message="line starts like a size row but could not be read",
-                    source=source,
+                    source=self.source,
                     line=number,
                 )
             )
 
-    busbws = [b for r in rows for b in (r.oop_busbw, r.ip_busbw) if b is not None]
-    wrong_total = sum(w for r in rows for w in (r.oop_wrong, r.ip_wrong) if w is not None)
-    if not rows:
-        findings.append(Finding(code="nccl-no-rows", message="no result rows found", source=source))
-    if wrong_total:
-        findings.append(
-            Finding(
-                code="nccl-wrong-results",
-                message=f"{wrong_total} wrong values reported in the #wrong columns",
-                source=source,
-                severity="error",
-            )
+    def _facts(self) -> NcclTestFacts:
+        rows = self.rows
+        busbws = [b for r in rows for b in (r.oop_busbw, r.ip_busbw) if b is not None]
+        wrong_total = sum(w for r in rows for w in (r.oop_wrong, r.ip_wrong) if w is not None)
+        self._result_findings(wrong_total)
+        ordered = sorted(self.devices.values(), key=lambda d: d.rank)
+        return NcclTestFacts(
+            source=self.source,
+            collective=self.collective or self.binary_hint,
+            header=self.header,
+            n_threads=self.threads,
+            n_gpus_per_process=self.gpus_per_proc,
+            nccl_version=self.version,
+            n_ranks=len({d.rank for d in ordered}),
+            devices=tuple(ordered),
+            gpu_models=_models(ordered),
+            rows=tuple(rows),
+            avg_busbw=self.avg,
+            max_busbw=max(busbws) if busbws else None,
+            wrong_total=wrong_total,
+            out_of_bounds_values=self.oob,
+            out_of_bounds_ok=self.oob_ok,
+            failures=tuple(self.failures),
+            findings=tuple(self.findings),
         )
-    if oob_ok is False:
-        findings.append(
-            Finding(
-                code="nccl-out-of-bounds",
-                message=f"Out of bounds values: {oob} FAILED",
-                source=source,
-                severity="error",
+
+    def _result_findings(self, wrong_total: int) -> None:
+        """No rows at all, wrong values in the ``#wrong`` columns, out-of-bounds values."""
+        if not self.rows:
+            self.findings.append(
+                Finding(code="nccl-no-rows", message="no result rows found", source=self.source)
             )
-        )
-    ordered = sorted(devices.values(), key=lambda d: d.rank)
+        if wrong_total:
+            self.findings.append(
+                Finding(
+                    code="nccl-wrong-results",
+                    message=f"{wrong_total} wrong values reported in the #wrong columns",
+                    source=self.source,
+                    severity="error",
+                )
+            )
+        if self.oob_ok is False:
+            self.findings.append(
+                Finding(
+                    code="nccl-out-of-bounds",
+                    message=f"Out of bounds values: {self.oob} FAILED",
+                    source=self.source,
+                    severity="error",
+                )
+            )
+
+
+def _device(m: re.Match[str], line: Line) -> NcclDevice:
+    return NcclDevice(
+        rank=int(m["rank"]),
+        group=int(m["group"]) if m["group"] else None,
+        pid=int(m["pid"]),
+        host=m["host"],
+        device=int(m["device"]),
+        bus_id=m["bus"].strip(),
+        model=m["model"],
+        line=line,
+    )
+
+
+def _models(devices: list[NcclDevice]) -> tuple[str, ...]:
+    """The GPU models in rank order, each once."""
     models: list[str] = []
-    for device in ordered:
+    for device in devices:
         if device.model not in models:
             models.append(device.model)
-    return NcclTestFacts(
-        source=source,
-        collective=collective or binary_hint,
-        header=header,
-        n_threads=threads,
-        n_gpus_per_process=gpus_per_proc,
-        nccl_version=version,
-        n_ranks=len({d.rank for d in ordered}),
-        devices=tuple(ordered),
-        gpu_models=tuple(models),
-        rows=tuple(rows),
-        avg_busbw=avg,
-        max_busbw=max(busbws) if busbws else None,
-        wrong_total=wrong_total,
-        out_of_bounds_values=oob,
-        out_of_bounds_ok=oob_ok,
-        failures=tuple(failures),
-        findings=tuple(findings),
-    )
+    return tuple(models)

@@ -340,98 +340,124 @@ def _status_of(lines: list[str], source: str) -> tuple[SmiStatus, Line] | None:
 
 def parse_nvidia_smi(text: str, source: str = "nvidia-smi.txt") -> SmiFacts:
     """Parse plain ``nvidia-smi`` (or ``-L``, or its error text) into :class:`SmiFacts`."""
-    findings: list[Finding] = []
     if not text.strip():
         return SmiFacts(source=source, status="empty")
-    if looks_binary(text):
-        findings.append(binary_input(source, "not nvidia-smi text"))
+    return _SmiTextReader(text, source).read()
 
-    lines = split_lines(text)
-    gpus: list[SmiGpu] = []
-    processes: list[SmiProcess] = []
-    driver = cuda = nvml = None
-    header: Line | None = None
-    no_processes: Line | None = None
-    section = "gpus"
-    draft: _GpuDraft | None = None
 
-    def flush() -> None:
-        nonlocal draft
-        if draft is None:
+class _SmiTextReader:
+    """One pass over plain nvidia-smi output, line by line: the version header, ``-L`` lines,
+    the GPU table (2-3 rows per GPU, built in a :class:`_GpuDraft`) and the process table;
+    then the ``status`` from the error text found or from what was read."""
+
+    def __init__(self, text: str, source: str) -> None:
+        self.source = source
+        self.findings: list[Finding] = (
+            [binary_input(source, "not nvidia-smi text")] if looks_binary(text) else []
+        )
+        self.lines = split_lines(text)
+        self.gpus: list[SmiGpu] = []
+        self.processes: list[SmiProcess] = []
+        self.driver: str | None = None
+        self.cuda: str | None = None
+        self.nvml: str | None = None
+        self.header: Line | None = None
+        self.no_processes: Line | None = None
+        self.section = "gpus"  # "gpus", "processes" or "mig": the table being read
+        self.draft: _GpuDraft | None = None
+
+    def read(self) -> SmiFacts:
+        for number, line in enumerate(self.lines, 1):
+            if len(line) > MAX_SCAN_CHARS:
+                self.findings.append(too_long(self.source, number, len(line)))
+            else:
+                self._line(number, line)
+        self._flush()
+        status, status_line = self._status()
+        return SmiFacts(
+            source=self.source,
+            status=status,
+            status_line=status_line,
+            driver_version=self.driver,
+            cuda_version=self.cuda,
+            nvml_library_version=self.nvml,
+            gpus=tuple(self.gpus),
+            processes=tuple(self.processes),
+            no_processes_line=self.no_processes,
+            findings=tuple(self.findings),
+        )
+
+    def _line(self, number: int, line: str) -> None:
+        self._versions(number, line)
+        if "Processes:" in line or "MIG devices:" in line:
+            self._flush()
+            self.section = "processes" if "Processes:" in line else "mig"
             return
-        gpu = draft.build()
-        gpus.append(gpu)
-        if gpu.err_fields:
-            findings.append(
-                Finding(
-                    code="smi-err-field",
-                    message=f"GPU {gpu.index} ({gpu.bus_id}) shows ERR! in: "
-                    + ", ".join(gpu.err_fields),
-                    source=source,
-                    line=draft.err_line,
-                    severity="warning",
-                )
-            )
-        draft = None
+        if self._listing(number, line):
+            return
+        cells = _cells(line)
+        if cells is None:
+            return
+        if self.section == "processes":
+            self._process_row(number, line, cells)
+        elif self.section == "gpus" and len(cells) == 3:
+            self._gpu_row(number, line, cells)
 
-    for number, line in enumerate(lines, 1):
-        if len(line) > MAX_SCAN_CHARS:
-            findings.append(too_long(source, number, len(line)))
-            continue
-        if driver is None and (m := _DRIVER.search(line)):
-            driver, header = m["v"], cite(source, number, line)
+    def _versions(self, number: int, line: str) -> None:
+        """The driver and CUDA versions (first header only) and the NVML library version."""
+        if self.driver is None and (m := _DRIVER.search(line)):
+            self.driver, self.header = m["v"], cite(self.source, number, line)
             cuda_match = _CUDA.search(line)
-            cuda = cuda_match["v"] if cuda_match and cuda_match["v"] != "N/A" else None
-        if nvml is None and (m := _NVML_LIB.search(line)):
-            nvml = m["v"]
-        if "Processes:" in line:
-            flush()
-            section = "processes"
-            continue
-        if "MIG devices:" in line:
-            flush()
-            section = "mig"
-            continue
+            self.cuda = cuda_match["v"] if cuda_match and cuda_match["v"] != "N/A" else None
+        if self.nvml is None and (m := _NVML_LIB.search(line)):
+            self.nvml = m["v"]
+
+    def _listing(self, number: int, line: str) -> bool:
+        """An ``nvidia-smi -L`` line: a GPU, or a MIG device of the GPU listed above it."""
         stripped = line.strip()
         if m := _LIST_GPU.match(stripped):
-            flush()
-            gpus.append(
+            self._flush()
+            self.gpus.append(
                 SmiGpu(
                     index=int(m["index"]),
                     name=m["name"],
                     uuid=m["uuid"],
-                    line=cite(source, number, line),
+                    line=cite(self.source, number, line),
                 )
             )
-            continue
-        if (m := _LIST_MIG.match(stripped)) and gpus and gpus[-1].uuid:
-            last = gpus[-1]
-            gpus[-1] = last.model_copy(update={"mig_uuids": (*last.mig_uuids, m["uuid"])})
-            continue
-        cells = _cells(line)
-        if cells is None:
-            continue
-        if section == "processes":
-            if len(cells) == 1 and "No running processes found" in cells[0]:
-                no_processes = cite(source, number, line)
-            if len(cells) == 1:
-                proc = _process(cells[0], cite(source, number, line))
-                if proc is not None:
-                    processes.append(proc)
-            continue
-        if section != "gpus" or len(cells) != 3:
-            continue
+            return True
+        if (m := _LIST_MIG.match(stripped)) and self.gpus and self.gpus[-1].uuid:
+            last = self.gpus[-1]
+            self.gpus[-1] = last.model_copy(update={"mig_uuids": (*last.mig_uuids, m["uuid"])})
+            return True
+        return False
+
+    def _process_row(self, number: int, line: str, cells: list[str]) -> None:
+        if len(cells) != 1:
+            return
+        if "No running processes found" in cells[0]:
+            self.no_processes = cite(self.source, number, line)
+        proc = _process(cells[0], cite(self.source, number, line))
+        if proc is not None:
+            self.processes.append(proc)
+
+    def _gpu_row(self, number: int, line: str, cells: list[str]) -> None:
+        """A three-cell row of the GPU table: a GPU's first row starts a new draft; the next
+        one or two rows (counters, then MIG mode) complete it."""
         head = _GPU_HEAD.match(cells[0])
+        draft = self.draft
         if head and normalize_bus_id(cells[1]):
-            flush()
-            draft = _GpuDraft(int(head["index"]), head["name"].strip(), cite(source, number, line))
-            _first_row(draft, head, cells)
+            self._flush()
+            self.draft = _GpuDraft(
+                int(head["index"]), head["name"].strip(), cite(self.source, number, line)
+            )
+            _first_row(self.draft, head, cells)
         elif head and cells[1]:
-            findings.append(
+            self.findings.append(
                 Finding(
                     code="smi-unparsed-row",
                     message="row starts like a GPU row but has no bus id",
-                    source=source,
+                    source=self.source,
                     line=number,
                 )
             )
@@ -443,42 +469,48 @@ def parse_nvidia_smi(text: str, source: str = "nvidia-smi.txt") -> SmiFacts:
             draft.current_line = number
             draft.put("mig_mode", cells[2], _value(cells[2]))
             draft.rows = 3
-    flush()
 
-    reported = _status_of(lines, source)
-    status: SmiStatus
-    status_line: Line | None
-    if reported is not None:
-        status, status_line = reported
-    elif gpus or header or processes:
-        status = "ok"
-        status_line = header or (gpus[0].line if gpus else processes[0].line)
-        if not gpus and header:
-            findings.append(
-                Finding(code="smi-no-gpu-rows", message="header but no GPU rows", source=source)
+    def _flush(self) -> None:
+        """Finish the GPU being drafted, with a finding for any ``ERR!`` field it showed."""
+        draft, self.draft = self.draft, None
+        if draft is None:
+            return
+        gpu = draft.build()
+        self.gpus.append(gpu)
+        if gpu.err_fields:
+            self.findings.append(
+                Finding(
+                    code="smi-err-field",
+                    message=f"GPU {gpu.index} ({gpu.bus_id}) shows ERR! in: "
+                    + ", ".join(gpu.err_fields),
+                    source=self.source,
+                    line=draft.err_line,
+                    severity="warning",
+                )
             )
-    else:
-        status, status_line = "error", None
-        findings.append(
+
+    def _status(self) -> tuple[SmiStatus, Line | None]:
+        """The failure nvidia-smi reported; else ``ok`` if anything of a table was read."""
+        reported = _status_of(self.lines, self.source)
+        if reported is not None:
+            return reported
+        if self.gpus or self.header or self.processes:
+            if not self.gpus and self.header:
+                self.findings.append(
+                    Finding(
+                        code="smi-no-gpu-rows", message="header but no GPU rows", source=self.source
+                    )
+                )
+            return "ok", self.header or (self.gpus[0].line if self.gpus else self.processes[0].line)
+        self.findings.append(
             Finding(
                 code="smi-unrecognized",
                 message="neither an nvidia-smi table nor a known nvidia-smi error",
-                source=source,
+                source=self.source,
                 severity="warning",
             )
         )
-    return SmiFacts(
-        source=source,
-        status=status,
-        status_line=status_line,
-        driver_version=driver,
-        cuda_version=cuda,
-        nvml_library_version=nvml,
-        gpus=tuple(gpus),
-        processes=tuple(processes),
-        no_processes_line=no_processes,
-        findings=tuple(findings),
-    )
+        return "error", None
 
 
 def _process(cell: str, line: Line) -> SmiProcess | None:
@@ -717,95 +749,19 @@ def _xml_gpu(position: int, gpu: ET.Element) -> XmlGpu:
 
 def parse_nvidia_smi_xml(text: str, source: str = "nvidia-smi.xml") -> SmiXmlFacts:
     """Parse ``nvidia-smi -q -x`` into :class:`SmiXmlFacts`; a cut-off file keeps what it had."""
-    if not text.strip():
-        return SmiXmlFacts(
-            source=source,
-            findings=(Finding(code="xml-empty", message="empty file", source=source),),
-        )
-    if len(text) > MAX_XML_CHARS:
-        return SmiXmlFacts(
-            source=source,
-            findings=(
-                Finding(
-                    code="xml-too-large",
-                    message=f"{len(text)} characters; larger than any nvidia-smi XML",
-                    source=source,
-                    severity="error",
-                ),
-            ),
-        )
-    elements = text.count("<")
-    if elements > MAX_XML_ELEMENTS:
-        # An 8-GPU `-q -x` has ~3,000 elements; 500,000 empty <gpu/> cost gigabytes to build.
-        return SmiXmlFacts(
-            source=source,
-            findings=(
-                Finding(
-                    code="xml-too-many-elements",
-                    message=f"{elements} elements; more than any nvidia-smi XML (not parsed)",
-                    source=source,
-                    severity="error",
-                ),
-            ),
-        )
-    findings: list[Finding] = []
+    refusal = _size_refusal(text, source)
+    if refusal is not None:
+        return SmiXmlFacts(source=source, findings=(refusal,))
     prepared, refusal = _prepare_xml(text, source)
     if prepared is None:
         return SmiXmlFacts(source=source, findings=(refusal,) if refusal else ())
-
-    builder = _TreeBuilder()
-    parser = ET.XMLParser(target=builder)  # noqa: S314 - input vetted by _prepare_xml
-    truncated = False
-    try:
-        parser.feed(prepared)
-        parser.close()
-    except ET.ParseError as exc:
-        row = exc.position[0] if exc.position else None
-        last_line = prepared.count("\n") + 1
-        message = str(exc)
-        at_end = row is not None and row >= last_line - 1
-        truncated = at_end and message.startswith(("no element found", "unclosed token"))
-        findings.append(
-            Finding(
-                code="xml-truncated" if truncated else "xml-malformed",
-                message=f"XML stops being well-formed: {message}; kept what came before",
-                source=source,
-                line=row,
-                severity="warning",
-            )
-        )
-    root = builder.root
+    root, truncated, findings = _build_tree(prepared, source)
     if root is None:
         return SmiXmlFacts(source=source, truncated=truncated, findings=tuple(findings))
-    if root.tag != "nvidia_smi_log":
-        findings.append(
-            Finding(
-                code="xml-unexpected-root",
-                message=f"root element is <{root.tag[:60]}>, not <nvidia_smi_log>",
-                source=source,
-                severity="warning",
-            )
-        )
     gpu_elements = [root] if root.tag == "gpu" else root.findall(".//gpu")
     gpus = tuple(_xml_gpu(i, g) for i, g in enumerate(gpu_elements))
     attached = _integer(_txt(root, "attached_gpus"))
-    if not gpus and attached is None:
-        findings.append(
-            Finding(
-                code="xml-no-gpus",
-                message="no <gpu> elements and no attached_gpus: not an nvidia-smi -q -x log",
-                source=source,
-                severity="warning",
-            )
-        )
-    if attached is not None and attached != len(gpus):
-        findings.append(
-            Finding(
-                code="xml-gpu-count-mismatch",
-                message=f"attached_gpus says {attached}, file describes {len(gpus)}",
-                source=source,
-            )
-        )
+    findings += _log_findings(root.tag, len(gpus), attached, source)
     return SmiXmlFacts(
         source=source,
         timestamp=_txt(root, "timestamp"),
@@ -816,3 +772,86 @@ def parse_nvidia_smi_xml(text: str, source: str = "nvidia-smi.xml") -> SmiXmlFac
         truncated=truncated,
         findings=tuple(findings),
     )
+
+
+def _size_refusal(text: str, source: str) -> Finding | None:
+    """Why ``text`` is not parsed at all: empty, or too large to be nvidia-smi XML."""
+    if not text.strip():
+        return Finding(code="xml-empty", message="empty file", source=source)
+    if len(text) > MAX_XML_CHARS:
+        return Finding(
+            code="xml-too-large",
+            message=f"{len(text)} characters; larger than any nvidia-smi XML",
+            source=source,
+            severity="error",
+        )
+    elements = text.count("<")
+    if elements > MAX_XML_ELEMENTS:
+        # An 8-GPU `-q -x` has ~3,000 elements; 500,000 empty <gpu/> cost gigabytes to build.
+        return Finding(
+            code="xml-too-many-elements",
+            message=f"{elements} elements; more than any nvidia-smi XML (not parsed)",
+            source=source,
+            severity="error",
+        )
+    return None
+
+
+def _build_tree(prepared: str, source: str) -> tuple[ET.Element | None, bool, list[Finding]]:
+    """The element tree (as far as it is well-formed), whether the file was cut off, and a
+    finding where the parser stopped early."""
+    builder = _TreeBuilder()
+    parser = ET.XMLParser(target=builder)  # noqa: S314 - input vetted by _prepare_xml
+    try:
+        parser.feed(prepared)
+        parser.close()
+    except ET.ParseError as exc:
+        row = exc.position[0] if exc.position else None
+        last_line = prepared.count("\n") + 1
+        message = str(exc)
+        at_end = row is not None and row >= last_line - 1
+        truncated = at_end and message.startswith(("no element found", "unclosed token"))
+        finding = Finding(
+            code="xml-truncated" if truncated else "xml-malformed",
+            message=f"XML stops being well-formed: {message}; kept what came before",
+            source=source,
+            line=row,
+            severity="warning",
+        )
+        return builder.root, truncated, [finding]
+    return builder.root, False, []
+
+
+def _log_findings(
+    root_tag: str, gpu_count: int, attached: int | None, source: str
+) -> list[Finding]:
+    """What is odd about a parsed log: another root element, no GPUs at all, or fewer or more
+    ``<gpu>`` elements than ``attached_gpus`` says."""
+    findings: list[Finding] = []
+    if root_tag != "nvidia_smi_log":
+        findings.append(
+            Finding(
+                code="xml-unexpected-root",
+                message=f"root element is <{root_tag[:60]}>, not <nvidia_smi_log>",
+                source=source,
+                severity="warning",
+            )
+        )
+    if not gpu_count and attached is None:
+        findings.append(
+            Finding(
+                code="xml-no-gpus",
+                message="no <gpu> elements and no attached_gpus: not an nvidia-smi -q -x log",
+                source=source,
+                severity="warning",
+            )
+        )
+    if attached is not None and attached != gpu_count:
+        findings.append(
+            Finding(
+                code="xml-gpu-count-mismatch",
+                message=f"attached_gpus says {attached}, file describes {gpu_count}",
+                source=source,
+            )
+        )
+    return findings
