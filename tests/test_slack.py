@@ -259,7 +259,7 @@ def test_slash_command_to_fixed_container_end_to_end(
     assert new.attrs["HostConfig"]["ShmSize"] == 8 << 30 and new.status == "running"
     assert volume_text(gpu_engine, volume) == data
     state, _ = run_info(run_id)
-    assert state == "Completed"
+    assert state == "Fixed"  # a named Completed state
     click("U0APPROVER")  # a second click changes nothing
     slack.wait_for(
         lambda c: c["method"] == "chat.postEphemeral" and "Nothing was changed" in c["args"]["text"]

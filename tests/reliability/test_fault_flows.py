@@ -135,7 +135,7 @@ def test_flow_process_killed_mid_fix_is_crashed_and_a_retry_fixes_once(
     second = prefect(env, *args, timeout=400)
     retry_s = time.monotonic() - start
     assert second.returncode == 0, second.stdout + second.stderr + (tmp_path / "b.log").read_text()
-    assert _run_state(flow_run_id(second.stdout)) == "Completed"
+    assert _run_state(flow_run_id(second.stdout)) == "Fixed"  # a named Completed state
     log = (tmp_path / "b.log").read_text()
     assert "interrupted fix finished" in log, log
     new = gpu_engine.containers.get(container_name)
