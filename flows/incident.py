@@ -461,6 +461,7 @@ def incident_response(
         events=events,
         approval=approval_text,
         links=links,
+        triggered_by=approved_by or who(),
     )
     progress.begin("report")
     report = report_task.with_options(timeout_seconds=book.timeouts.report)(pm, settings)

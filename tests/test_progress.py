@@ -12,10 +12,12 @@ import re
 import select
 import subprocess
 import time
+from pathlib import Path
 
 from runbooks.progress import STEPS
 from tests.test_fix import CLI, fix_settings, volume  # noqa: F401 - fixtures
 from tests.test_flows import cudamedic, env, field, shm_container  # noqa: F401 - fixtures
+from tests.test_terminal import section
 
 
 def progress_lines(stderr: str) -> list[str]:
@@ -109,3 +111,41 @@ def test_on_a_terminal_progress_is_a_live_line(
     assert "\r" in text or "\x1b[" in text, text  # rewritten in place
     assert "cudamedic: [collect]" not in text  # not the plain lines
     assert b"incident:" in out
+
+
+def test_fixed_report_says_how_long_the_workload_was_down_and_who_started_it(
+    env: dict[str, str], make_container, container_name: str, volume: str
+) -> None:
+    """The post-mortem of a real fix: the workload's downtime from its container's FinishedAt to
+    the verified restart, who ran what and when, human times, no internal signature ids."""
+    shm_container(make_container, container_name, volume)  # dd fails and the container exits
+    done = cudamedic(
+        env,
+        "triage",
+        "gpu-healthy",
+        "--container",
+        container_name,
+        "--apply",
+        "--yes",
+        "--trigger",
+        "RuntimeError: DataLoader worker (pid 4242) is killed by signal: Bus error.",
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert {"apply", "verify"} <= set(steps_seen(done.stderr)), done.stderr
+    assert re.search(r"\[verify\] done: \d/\d checks ok", done.stderr), done.stderr
+    report = Path(field(done.stdout, "report")).read_text()
+    impact = section(report, "Impact")
+    assert re.search(
+        r"It was down for \*\*[\d. a-z]+\*\*: it stopped at \d\d:\d\d:\d\d UTC and runs again, "
+        r"verified, since \d\d:\d\d:\d\d UTC\.",
+        impact,
+    ), impact
+    assert re.search(r"^\| Workload down \| [\d. a-z]+ \|$", report, re.M), report
+    detection = section(report, "Detection")
+    assert re.search(r"ran `cudamedic triage` at \d\d:\d\d:\d\d UTC on \d+ \w{3} \d{4}", detection)
+    assert not re.search(r"\d{4}-\d\d-\d\dT\d\d:", report.split("## Evidence appendix")[0])
+    summary = section(report, "Summary")
+    assert "matched" not in summary and "bus-error" not in summary, summary
+    timeline = section(report, "Timeline \\(UTC\\)")
+    assert "journal:" not in timeline and "replacement verified" in timeline, timeline
+    assert not re.search(r"[0-9a-f]{64}", timeline), timeline  # container ids as docker ps shows
