@@ -29,7 +29,7 @@ from pydantic import BaseModel, Field
 
 from flows.slack import SlackThread
 from reports import slack as slack_msg
-from runbooks import breaker
+from runbooks import breaker, progress
 from runbooks.classify import classify_path
 from runbooks.collect import collect, missing_container
 from runbooks.errors import CudamedicError
@@ -340,9 +340,11 @@ def incident_response(
         elif found is not None:
             recovered = found
             mark("interrupted fix finished", found.message)
+    progress.begin("collect", f"from {tgt.name}" + (f" / {container}" if container else ""))
     bundle = collect_task.with_options(
         timeout_seconds=book.timeouts.collect, retries=book.retries, retry_delay_seconds=5
     )(tgt, container, trigger_text, settings, book)
+    progress.end("collect", _sources_line(Path(bundle)))
     mark("evidence collected", f"bundle {bundle}")
     if (missing := missing_container(Path(bundle))) is not None:
         # A mistyped container: an error to show the person, not an incident to report.
@@ -362,7 +364,9 @@ def incident_response(
                 flow_run_url=links.get("Prefect flow run"),
             )
         )
+    progress.begin("classify")
     diagnosis = classify_task.with_options(timeout_seconds=book.timeouts.classify)(bundle, settings)
+    progress.end("classify", f"{diagnosis.incident} (confidence {diagnosis.confidence:.2f})")
     mark("diagnosed", f"{diagnosis.incident} (confidence {diagnosis.confidence:.2f})")
     tag_run(run_id, f"incident:{diagnosis.incident}")
 
@@ -370,12 +374,16 @@ def incident_response(
     prepared = Prepared(bundle=bundle, diagnosis=diagnosis, recovered=recovered)
     no_plan: str | None = None
     if subject and subject != "log" and diagnosis.fix is not None and diagnosis.fix.safe:
+        progress.begin("plan", f"for {subject}")
         planned = plan_task(tgt, subject, bundle, diagnosis, settings)
         if isinstance(planned, str):
             no_plan = planned
             mark("no plan", no_plan)
+            progress.end("plan", f"no plan: {no_plan}")
         else:
             prepared = planned
+            diff = [ln for ln in planned.plan.diff if ln[:1] in "+-"] if planned.plan else []
+            progress.end("plan", " / ".join(diff) or "nothing to change")
     plan = prepared.plan
     outcome: Outcome | None = None
     approval_text: str | None = None
@@ -414,6 +422,7 @@ def incident_response(
                 f" ({decision.reason})" if decision.reason else ""
             )
             mark("approval", approval_text)
+            progress.end("approval", approval_text)
             if decision.decision == "reject":
                 status, detail = "rejected", f"rejected by {decision.by}; nothing was changed"
             else:
@@ -422,6 +431,7 @@ def incident_response(
                     status, detail = "refused", why_not
                     mark("refused", why_not)
                 else:
+                    progress.begin("apply", f"to {plan.container} on {tgt.name}")
                     try:
                         applied = apply_task.with_options(timeout_seconds=book.timeouts.apply)(
                             tgt, prepared, settings, decision.by, unattended
@@ -431,9 +441,12 @@ def incident_response(
                     if isinstance(applied, str):
                         status, detail = "not-applied", applied
                         mark("fix not applied", applied)
+                        progress.end("apply", f"not applied: {applied}")
                     else:
                         outcome = applied
                         mark("fix applied", f"{outcome.status}: {outcome.message}")
+                        progress.end("apply", outcome.status)
+                        progress.end("verify", _checks_line(outcome))
 
     pm = postmortem(
         prepared,
@@ -448,8 +461,11 @@ def incident_response(
         events=events,
         approval=approval_text,
         links=links,
+        triggered_by=approved_by or who(),
     )
+    progress.begin("report")
     report = report_task.with_options(timeout_seconds=book.timeouts.report)(pm, settings)
+    progress.end("report", report)
     if thread is not None:
         from reports.render import render_markdown
 
@@ -506,6 +522,7 @@ def _wait_for_approval(
         description="A fix plan waiting for a person",
     )
     mark("waiting for approval", f"cudamedic approve {run_id}", quiet=True)
+    progress.begin("approval", f"(flow run {run_id})" if run_id else "")
     plan = prepared.plan
     if thread is not None and plan is not None and run_id:
         d = prepared.diagnosis
@@ -543,4 +560,27 @@ def _wait_for_approval(
             with get_client(sync_client=True) as client:
                 client.set_flow_run_state(UUID(run_id), Running(), force=True)
         mark("approval timed out")
+        progress.end("approval", "nobody answered in time")
         return None
+
+
+def _sources_line(bundle: Path) -> str:
+    """`14 sources, 2 failed` (or why the target was not reached), for the progress line."""
+    from runbooks.collect import failed_sources, finding_message
+
+    if (why := finding_message(bundle, "target-unreachable")) is not None:
+        return f"not reached: {why}"
+    try:
+        sources = json.loads((bundle / "bundle.json").read_text(encoding="utf-8"))["sources"]
+    except (OSError, ValueError, KeyError):
+        return str(bundle)
+    return f"{len(sources)} sources, {len(failed_sources(bundle))} failed"
+
+
+def _checks_line(outcome: Outcome) -> str:
+    """`3/3 checks ok` or the failed ones, for the progress line."""
+    failed = [c.name for c in outcome.checks if not c.ok]
+    ok = len(outcome.checks) - len(failed)
+    return f"{ok}/{len(outcome.checks)} checks ok" + (
+        f"; failed: {', '.join(failed)}" if failed else ""
+    )

@@ -136,6 +136,16 @@ def ensure_local_server(settings: Settings) -> str:
         if healthy(url):  # another cudamedic command started it while we waited
             _refuse_foreign(settings)
             return url
+        first = not any(home.glob("*.db"))
+        print(
+            f"cudamedic: starting the embedded Prefect server on 127.0.0.1:{settings.prefect_port}"
+            f" (database under {home}; "
+            + ("the first start creates it and takes ~20 s" if first else "takes ~10 s")
+            + ") ...",
+            file=sys.stderr,
+            flush=True,
+        )
+        began = time.monotonic()
         env = {**os.environ, **_base_env(settings)}
         env.pop("PREFECT_API_URL", None)
         log = open(home / "server.log", "ab")  # noqa: SIM115 - handed to the daemon
@@ -164,6 +174,12 @@ def ensure_local_server(settings: Settings) -> str:
                 tail = (home / "server.log").read_text(errors="replace")[-1500:]
                 raise ServerError(f"the local Prefect server exited at start:\n{tail}")
             if healthy(url):
+                print(
+                    f"cudamedic: Prefect server up after {time.monotonic() - began:.0f} s: "
+                    f"{url.removesuffix('/api')}",
+                    file=sys.stderr,
+                    flush=True,
+                )
                 return url
             time.sleep(0.25)
         raise ServerError(

@@ -26,6 +26,7 @@ from pydantic import BaseModel
 from flows.incident import run_url, slug
 from reports.render import SweepChange, SweepHostRow, SweepSummary, render_sweep, sweep_report_name
 from reports.store import save_report
+from runbooks import progress
 from runbooks.health import HostChange, diff, snapshot
 from runbooks.inventory import Inventory, load_inventory
 from runbooks.runbook import Runbook, load_runbook
@@ -146,6 +147,7 @@ def fleet_health_check(
     out_dir = str(settings.out_dir / "sweeps" / started.strftime("%Y%m%dT%H%M%SZ"))
     groups = batches(names, book.batch_size)
     per_host = book.timeouts.collect
+    progress.sweep_started(len(names))
     if distribute:
         results = _distributed(groups, out_dir, inventory, timeout=per_host * 2 + 120)
     else:
@@ -160,6 +162,7 @@ def fleet_health_check(
         ]
         results = [r for fut in futures for r in fut.result()]
     health = [r.health for r in results]
+    progress.end("sweep", ", ".join(f"{summarize_verdicts(results)[v]} {v}" for v in VERDICTS))
     with locked_state(settings) as (before, save):
         seen = snapshot(health)
         changes = diff(before, seen)
@@ -187,8 +190,10 @@ def fleet_health_check(
         links=links,
     )
     responses = _start_responses(results, changes, run_id) if start_incidents else {}
+    progress.begin("report")
     markdown = render_sweep(summary) + _responses_section(responses)
     path = save_report(settings.reports_path, sweep_report_name(summary), markdown)
+    progress.end("report", str(path))
     create_markdown_artifact(markdown=markdown, key="fleet-sweep", description="Fleet health sweep")
     create_table_artifact(
         table=[
@@ -229,6 +234,13 @@ def fleet_health_check(
         responses=list(responses.values()),
         flow_run_url=links.get("Prefect flow run"),
     )
+
+
+VERDICTS = ("drain", "warning", "healthy")
+
+
+def summarize_verdicts(results: list[HostResult]) -> dict[str, int]:
+    return {v: sum(1 for r in results if r.health.verdict == v) for v in VERDICTS}
 
 
 def _start_responses(

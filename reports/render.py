@@ -10,7 +10,7 @@ holds, so a pasted log cannot break the report's structure.
 from __future__ import annotations
 
 import re
-from datetime import datetime
+from datetime import UTC, datetime
 from functools import cache
 
 import jinja2
@@ -54,6 +54,10 @@ class PostMortem(Frozen):
     similar: tuple[SimilarIncident, ...] = ()  # known incidents that resemble this one
     basis: str = "evidence"  # how the class was reached (model.Basis)
     failure_cause: str | None = None  # the class a failed fix's own error points at
+    triggered_by: str | None = None  # the person (user@host) who started the response, if any
+    down_since: datetime | None = None  # the container's FinishedAt: when the workload stopped
+    running_at_collection: bool | None = None  # None: unknown (no container, no inspect)
+    restored_at: datetime | None = None  # the replacement verified running (a fixed outcome)
 
     @property
     def changed(self) -> bool:
@@ -63,6 +67,96 @@ class PostMortem(Frozen):
     @property
     def duration_s(self) -> float:
         return (self.ended_at - self.started_at).total_seconds()
+
+    @property
+    def downtime_s(self) -> float | None:
+        """How long the workload was down: its container's stop to the verified restart (or,
+        still down, to the end of the response). None when not known."""
+        if self.down_since is None:
+            return None
+        until = self.restored_at if self.changed and self.restored_at else self.ended_at
+        return max(0.0, (until - self.down_since).total_seconds())
+
+
+# -- for people: times, durations, detection ------------------------------------------------------
+def clock(at: datetime) -> str:
+    """`15:06:51 UTC`."""
+    return f"{at.astimezone(UTC):%H:%M:%S} UTC"
+
+
+def day(at: datetime) -> str:
+    """`2 Dec 2026`."""
+    at = at.astimezone(UTC)
+    return f"{at.day} {at:%b %Y}"
+
+
+def stamp(at: datetime) -> str:
+    """`2 Dec 2026, 15:06:51 UTC`."""
+    return f"{day(at)}, {clock(at)}"
+
+
+def duration(seconds: float) -> str:
+    """`9.5 s`, `2 min 14 s`, `3 h 5 min`, `2 d 4 h`."""
+    if seconds < 10:
+        return f"{seconds:.1f} s"
+    s = round(seconds)
+    if s < 60:
+        return f"{s} s"
+    if s < 3600:
+        return f"{s // 60} min" + (f" {s % 60} s" if s % 60 else "")
+    if s < 86400:
+        return f"{s // 3600} h" + (f" {s % 3600 // 60} min" if s % 3600 // 60 else "")
+    return f"{s // 86400} d" + (f" {s % 86400 // 3600} h" if s % 86400 // 3600 else "")
+
+
+def detection(pm: PostMortem) -> str:
+    """Who or what noticed it, in words (Markdown): an alert, a sweep, Slack, a person at the
+    CLI."""
+    how = pm.detected_by.strip()
+    if how.startswith("alert "):
+        what = f"The Alertmanager alert {code(how.removeprefix('alert ').strip())} fired"
+    elif how == "cudamedic fleet sweep":
+        what = "A fleet health sweep found it"
+    elif how.startswith("Slack"):
+        what = f"Someone asked in Slack ({inert(how.removeprefix('Slack').strip())})"
+    elif pm.triggered_by:
+        what = f"{inert(pm.triggered_by)} ran {code(how)}"
+    else:
+        what = f"{code(how)} ran"
+    return f"{what} at {clock(pm.started_at)} on {day(pm.started_at)}"
+
+
+# `matched bus-error, dataloader-bus-error`: the signature ids a rule names in its reason. They
+# are the classifier's own ids, not words for a report.
+_SIGNATURE_IDS = re.compile(
+    r"(?:[;,]\s*)?\bmatched [a-z0-9]+(?:-[a-z0-9]+)+(?:, [a-z0-9]+(?:-[a-z0-9]+)*)*"
+)
+
+
+def for_people(text: str) -> str:
+    """A diagnosis summary without the classifier's internal signature ids."""
+    out = _SIGNATURE_IDS.sub("", text)
+    return re.sub(r"\s+([.;,])", r"\1", re.sub(r"Why:\s*\.", "", out)).strip()
+
+
+def prose(text: str) -> str:
+    """Our own sentences that mark commands with backticks (action items): the `...` parts as
+    code spans, the rest inert."""
+    parts = re.split(r"`([^`\n]+)`", one_line(text.replace("\r", " ")))
+    return "".join(
+        code(p) if i % 2 else _MD_SPECIAL.sub(r"\\\1", p.translate(_CONTROL))
+        for i, p in enumerate(parts)
+    )
+
+
+_SAFE_URL = re.compile(r"https?://[A-Za-z0-9._~:/?#@!$&'*+,;=%-]+")
+
+
+def link(name: str, url: str) -> str:
+    """A Markdown link when the URL is a plain http(s) one; otherwise inert text."""
+    if _SAFE_URL.fullmatch(url) and "(" not in url and ")" not in url:
+        return f"[{inert(name)}]({url})"
+    return f"{inert(name)}: {inert(url)}"
 
 
 def fence(text: str) -> str:
@@ -118,6 +212,14 @@ def _env() -> jinja2.Environment:
     env.filters["inert"] = inert
     env.filters["code"] = code
     env.filters["shown"] = shown
+    env.filters["clock"] = clock
+    env.filters["day"] = day
+    env.filters["stamp"] = stamp
+    env.filters["duration"] = duration
+    env.filters["for_people"] = for_people
+    env.filters["prose"] = prose
+    env.globals["detection"] = detection
+    env.globals["link"] = link
     return env
 
 

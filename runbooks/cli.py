@@ -51,6 +51,15 @@ def show(text: object, *, err: bool = False) -> None:
     print(terminal_safe(str(text)), file=sys.stderr if err else sys.stdout)
 
 
+def _progress() -> Any:
+    """Show the steps of a flow run in this process as they run, on standard error: a live line
+    on a terminal, plain lines otherwise (runbooks/progress.py). Standard output is untouched,
+    so --json keeps it one object."""
+    from runbooks.progress import attach
+
+    return attach(sys.stderr, live=sys.stderr.isatty())
+
+
 def _emit(args: argparse.Namespace, result: Any) -> None:
     """The one JSON object of a --json command, on the real standard output."""
     args.json_emitted = True
@@ -330,20 +339,23 @@ def cmd_triage(args: argparse.Namespace) -> int:
     # Bad input is refused here, before a flow run starts.
     resolve_target(args.target, _inventory(settings))
     load_runbook(settings.runbook, "incident")
-    _prefect(args, settings)
+    api = _prefect(args, settings)
     from flows.triage import triage
+    from runbooks import progress
 
     interactive = sys.stdin.isatty() and not args.no_input and not args.json
-    response = triage(
-        args.target,
-        container=args.container,
-        trigger=args.trigger,
-        apply=args.apply,
-        approved_by=who() if args.yes else None,
-        ask=_confirm if interactive else None,
-        say=show,
-        actor=who(),
-    )
+    with _progress():
+        progress.begin("start", f"on {api.removesuffix('/api')}")
+        response = triage(
+            args.target,
+            container=args.container,
+            trigger=args.trigger,
+            apply=args.apply,
+            approved_by=who() if args.yes else None,
+            ask=_confirm if interactive else None,
+            say=show,
+            actor=who(),
+        )
     if response.outcome == "no-such-container":
         from runbooks.errors import NoSuchContainer
 
@@ -419,16 +431,19 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     load_runbook(settings.sweep_runbook, "sweep")
     if not select_hosts(inventory, args.host or None, args.tag or None):
         raise InputError("no inventory host matches --host/--tag")
-    _prefect(args, settings)
+    api = _prefect(args, settings)
     from flows.sweep import fleet_health_check
+    from runbooks import progress
 
-    result = fleet_health_check(
-        inventory=str(args.inventory) if args.inventory else None,
-        hosts=args.host or None,
-        tags=args.tag or None,
-        start_incidents=args.start_incidents,
-        distribute=args.distribute,
-    )
+    with _progress():
+        progress.begin("start", f"on {api.removesuffix('/api')}")
+        result = fleet_health_check(
+            inventory=str(args.inventory) if args.inventory else None,
+            hosts=args.host or None,
+            tags=args.tag or None,
+            start_incidents=args.start_incidents,
+            distribute=args.distribute,
+        )
     verdicts = result.verdicts
     still = {v: sorted(h for h, x in verdicts.items() if x == v) for v in ("drain", "warning")}
     counts = {v: len(hosts) for v, hosts in still.items()}

@@ -323,6 +323,7 @@ def postmortem(
     events: Sequence[tuple[datetime, str, str]] = (),
     approval: str | None = None,
     links: dict[str, str] | None = None,
+    triggered_by: str | None = None,
 ) -> PostMortem:
     """The post-mortem of one response. `outcome`: the fix's, when one was applied; otherwise
     `status`/`detail` say where it stopped (planned, rejected, approval-timed-out, ...)."""
@@ -349,9 +350,13 @@ def postmortem(
                 at = datetime.fromisoformat(str(r.get("at")))
             except ValueError:
                 continue
-            what = str(r.get("reason") or r.get("to") or r.get("id") or "")[:200]
-            timeline.append(TimelineEvent(at=at, event=f"journal: {r.get('step')}", detail=what))
+            event, what = journal_event(r)
+            timeline.append(TimelineEvent(at=at, event=event, detail=what))
     ended = now()
+    down_since, running = _workload_state(prepared.bundle, container)
+    restored = _verified_at(settings, host, container) if outcome is not None else None
+    if outcome is not None and outcome.status in ("fixed", "recovered") and restored is None:
+        restored = ended
     final = outcome.status if outcome is not None else (status or "diagnosed")
     timeline.append(TimelineEvent(at=ended, event=f"outcome: {final}"))
     if outcome is not None and outcome.status == "fixed":
@@ -397,7 +402,79 @@ def postmortem(
         failure_cause=failure_cause(outcome.message)
         if outcome is not None and outcome.status != "fixed"
         else None,
+        triggered_by=triggered_by or who(),
+        down_since=None if running else down_since,
+        running_at_collection=running,
+        restored_at=restored,
     )
+
+
+# A fix's journal steps (runbooks/recreate.py) as a timeline says them.
+_JOURNAL_WORDS = {
+    "begin": "fix started",
+    "stop": "original container stopped",
+    "rename": "original kept as the backup",
+    "create": "creating the replacement",
+    "created": "replacement created",
+    "start": "replacement started",
+    "verified": "replacement verified",
+    "done": "fix complete",
+    "rolling-back": "rolling back",
+    "rolled-back": "rolled back to the original container",
+    "manual-rollback": "rollback by hand started",
+    "manual-rollback-done": "rollback by hand complete",
+}
+
+
+def journal_event(record: dict[str, Any]) -> tuple[str, str]:
+    """(event, detail) of one journal record, in words: container ids shortened as `docker ps`
+    shows them."""
+    step = str(record.get("step"))
+    detail = str(record.get("reason") or record.get("to") or record.get("note") or "")
+    if not detail and (cid := record.get("id")):
+        detail = f"container {str(cid)[:12]}"
+    return _JOURNAL_WORDS.get(step, f"fix step: {step}"), detail[:200]
+
+
+def _docker_time(value: object) -> datetime | None:
+    """A Docker timestamp (nanoseconds, `Z`); None for Docker's zero time or garbage."""
+    import re
+
+    if not isinstance(value, str) or value.startswith("0001-"):
+        return None
+    text = re.sub(r"(\.\d{6})\d+", r"\1", value).replace("Z", "+00:00")
+    try:
+        return datetime.fromisoformat(text)
+    except ValueError:
+        return None
+
+
+def _workload_state(bundle: str, container: str | None) -> tuple[datetime | None, bool | None]:
+    """When the container stopped (its FinishedAt) and whether it was running, as the evidence
+    recorded them; (None, None) when not known."""
+    if not container:
+        return None, None
+    try:
+        data = json.loads(
+            (Path(bundle) / "containers" / f"{container}.inspect.json").read_text(encoding="utf-8")
+        )
+        state = data["State"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None, None
+    if not isinstance(state, dict):
+        return None, None
+    return _docker_time(state.get("FinishedAt")), bool(state.get("Running"))
+
+
+def _verified_at(settings: Settings, host: str, container: str | None) -> datetime | None:
+    """When the replacement was verified (the journal's `verified` step), if it was."""
+    if not container:
+        return None
+    for r in Journal(settings.state_path, host, container).current():
+        if r.get("step") == "verified":
+            with contextlib.suppress(ValueError):
+                return datetime.fromisoformat(str(r.get("at")))
+    return None
 
 
 def save_postmortem(pm: PostMortem, settings: Settings, markdown: str | None = None) -> Path:

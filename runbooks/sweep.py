@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterator, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
 
+from runbooks import progress
 from runbooks.bundle import open_bundle
 from runbooks.classify import diagnose
 from runbooks.collect import collect
@@ -153,15 +154,14 @@ def check_hosts(
         return []
     workers = max(1, min(workers or book.concurrency, len(names)))
     deadline = book.timeouts.collect
+
+    def one(name: str) -> HostResult:
+        result = within(deadline, name, lambda: check_one(name, inventory, settings, book, out_dir))
+        progress.host_checked(name, result.health.verdict)
+        return result
+
     with concurrent.futures.ThreadPoolExecutor(max_workers=workers) as pool:
-        return list(
-            pool.map(
-                lambda n: within(
-                    deadline, n, lambda: check_one(n, inventory, settings, book, out_dir)
-                ),
-                names,
-            )
-        )
+        return list(pool.map(one, names))
 
 
 def within(seconds: float, name: str, check: Callable[[], HostResult]) -> HostResult:

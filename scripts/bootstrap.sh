@@ -13,7 +13,7 @@ if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" != 0 ]; then
     echo "bootstrap: need root to install: ${need[*]}" >&2; exit 1
   fi
-  echo "bootstrap: installing ${need[*]}"
+  echo "bootstrap: installing Debian packages ${need[*]} (apt-get; a minute or two) ..."
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq
   # policy-rc.d keeps the packages' own services from starting: the lab starts its own.
@@ -28,7 +28,10 @@ want=$(sha256sum pyproject.toml | cut -d' ' -f1)
 if [ ! -x .venv/bin/python ] || [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   echo "bootstrap: creating .venv"
   "$PY" -m venv .venv
+  echo "bootstrap: upgrading pip ..."
   .venv/bin/pip install -q --upgrade pip >/dev/null 2>&1 || true
+  echo "bootstrap: installing cudamedic and its dev tools into .venv (Prefect, pytest, ruff, mypy, markdown-it-py; 1-3 min) ..."
   .venv/bin/pip install -q -e '.[dev]'
+  echo "bootstrap: .venv ready"
   echo "$want" > "$stamp"
 fi

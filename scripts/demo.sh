@@ -9,6 +9,7 @@ cd "$(dirname "$0")/.."
 VENV=.venv/bin
 CM="$VENV/cudamedic"
 
+echo "== The lab: two Docker engines and eight simulated GPU hosts (sshd); reused when up, a first start takes ~30 s ..."
 "$VENV/python" -m tests.lab up
 eval "$("$VENV/python" -m tests.lab env)"   # CUDAMEDIC_CONFIG, DOCKER_HOST (the lab's GPU engine)
 export CUDAMEDIC_OUT_DIR=${CUDAMEDIC_OUT_DIR:-$PWD/out/demo}      # bundles and reports
@@ -17,7 +18,8 @@ mkdir -p "$CUDAMEDIC_OUT_DIR" "$CUDAMEDIC_STATE_DIR"
 rm -f "$CUDAMEDIC_STATE_DIR/sweep-state.json"   # each demo starts its sweeps afresh
 PLAIN=unix:///tmp/cudamedic-lab/engines/plain/docker.sock
 
-echo "== 0. The embedded Prefect server (SQLite, 127.0.0.1 only; started once, then reused)"
+echo "== 0. The embedded Prefect server (SQLite, 127.0.0.1 only; started once, then reused;"
+echo "      its first start creates the database and takes ~20 s)"
 "$CM" server start
 
 echo

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -33,7 +34,8 @@ def sample(**over: object) -> PostMortem:
         container="train",
         incident="shm-too-small",
         confidence=0.92,
-        summary="/dev/shm is too small for DataLoader workers.",
+        summary="/dev/shm is too small for DataLoader workers. Why: /dev/shm of train is 64 MiB; "
+        "matched bus-error, dataloader-bus-error.",
         trigger="RuntimeError: DataLoader worker (pid 3185) is killed by signal: Bus error.",
         started_at=T0,
         ended_at=T0 + timedelta(seconds=9.5),
@@ -56,8 +58,17 @@ def sample(**over: object) -> PostMortem:
             TimelineEvent(at=T0, event="fix started"),
             TimelineEvent(at=T0 + timedelta(seconds=9), event="outcome: fixed"),
         ),
-        action_items=("Fix the job template.",),
+        action_items=(
+            "Watch train's next run; `cudamedic rollback` restores the backup.",
+            "Fix the job template.",
+        ),
         bundle="bundles/node07-train-20261202T100000Z",
+        detected_by="cudamedic triage",
+        triggered_by="alice@ops",
+        down_since=T0 - timedelta(seconds=125),
+        running_at_collection=False,
+        restored_at=T0 + timedelta(seconds=9),
+        links={"Prefect flow run": "http://127.0.0.1:4200/runs/flow-run/4061d10d"},
     )
     data.update(over)
     return PostMortem.model_validate(data)
@@ -76,6 +87,9 @@ def sample(**over: object) -> PostMortem:
                 "checks": (CheckResult(name="gpus-visible", ok=False, detail="0 GPUs"),),
                 "action_items": (),
                 "failure_cause": "container-toolkit-missing",
+                "restored_at": None,
+                "detected_by": "alert GpuXid79",
+                "triggered_by": None,
             },
         ),
         (
@@ -89,6 +103,10 @@ def sample(**over: object) -> PostMortem:
                 "checks": (),
                 "trigger": None,
                 "action_items": (),
+                "down_since": None,
+                "running_at_collection": True,
+                "restored_at": None,
+                "detected_by": "cudamedic fleet sweep",
             },
         ),
     ],
@@ -99,6 +117,34 @@ def test_golden(name: str, over: dict[str, object]) -> None:
     if os.environ.get("CUDAMEDIC_REGEN_GOLDEN") == "1":
         golden.write_text(text)
     assert text == golden.read_text()
+
+
+def test_report_says_what_happened_for_people() -> None:
+    """Issue 19: human times and durations, how long the workload was down, what detected it
+    and when, and none of the classifier's internal signature ids in the prose."""
+    fixed = render_markdown(sample())
+    assert not re.search(r"\d{4}-\d\d-\d\dT\d\d:", fixed), fixed  # no ISO stamps
+    assert "| Response | 2 Dec 2026, 10:00:00 UTC – 10:00:09 UTC (9.5 s) |" in fixed
+    assert "| Workload down | 2 min 14 s |" in fixed
+    assert (
+        "It was down for **2 min 14 s**: it stopped at 09:57:55 UTC and runs again, verified, "
+        "since 10:00:09 UTC." in fixed
+    )
+    assert "alice@ops ran `cudamedic triage` at 10:00:00 UTC on 2 Dec 2026" in fixed
+    assert "bus-error" not in fixed and "matched" not in fixed
+    assert "Why: /dev/shm of train is 64 MiB." in fixed
+    assert "`cudamedic rollback`" in fixed and "\\`" not in fixed  # a code span, not escaped
+    assert "- [Prefect flow run](http://127.0.0.1:4200/runs/flow-run/4061d10d)" in fixed
+
+    down = render_markdown(sample(outcome="rolled-back", restored_at=None))
+    assert "is **still down** (2 min 14 s when this report was written)" in down
+    assert "| Workload down | 2 min 14 s (still down) |" in down
+    alert = render_markdown(sample(detected_by="alert GpuXid79", triggered_by=None))
+    assert "The Alertmanager alert `GpuXid79` fired at 10:00:00 UTC" in alert
+    sweep = render_markdown(sample(detected_by="cudamedic fleet sweep"))
+    assert "A fleet health sweep found it at 10:00:00 UTC" in sweep
+    unknown = render_markdown(sample(down_since=None, running_at_collection=None))
+    assert "How long it was down is not known." in unknown
 
 
 def test_hostile_text_stays_inert() -> None:
@@ -199,6 +245,7 @@ def test_evidence_text_from_a_target_is_inert_in_the_post_mortem() -> None:
         timeline=(TimelineEvent(at=T0, event="evidence", detail=evil),),
         checks=(CheckResult(name="error-gone", ok=False, detail=evil),),
         trigger=evil,
+        links={},  # our own links (the flow run's URL) are the report's only links
     )
     text = render_markdown(pm)
     assert "\r" not in text and "\x1b" not in text and "\x07" not in text
