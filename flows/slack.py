@@ -448,19 +448,21 @@ class SlackApp:
         def authorize(**_: Any) -> AuthorizeResult:  # one workspace; no auth.test per request
             return AuthorizeResult(enterprise_id=None, team_id=None, bot_token=token)
 
+        client = web_client(self.settings)
+        client.token = None  # Bolt takes the bot token from `authorize`
         app = App(
-            client=web_client(self.settings),
+            client=client,
             signing_secret=secret.get_secret_value() if secret else "",
             authorize=authorize,
             request_verification_enabled=secret is not None,
             process_before_response=False,
             logger=logging.getLogger("flows.slack.bolt"),
         )
-        mine = re.compile(r"^cudamedic_")
-        app.command(re.compile(r"^/"))(self._on_command)
-        app.action(mine)(self._on_interaction)
-        app.shortcut(mine)(self._on_interaction)
-        app.view(mine)(self._on_interaction)
+        anything = re.compile(r".*")  # every one acknowledged; `interaction` picks ours
+        app.command(anything)(self._on_command)
+        app.action(anything)(self._on_interaction)
+        app.shortcut(anything)(self._on_interaction)
+        app.view(anything)(self._on_interaction)
         return app
 
     def _on_command(self, ack: Any, body: dict[str, Any]) -> None:
@@ -821,14 +823,25 @@ class SlackApp:
         """A connected Socket Mode handler (slack_bolt's built-in client): Slack sends every
         request over a WebSocket the app opens, so no public endpoint is needed. `close()` it."""
         from slack_bolt.adapter.socket_mode import SocketModeHandler
+        from slack_bolt.adapter.socket_mode.internals import run_bolt_app, send_response
+        from slack_bolt.response import BoltResponse
         from slack_sdk.errors import SlackApiError
 
         token = self.settings.slack_app_token
         if token is None:
             raise InputError("Socket Mode needs CUDAMEDIC_SLACK_APP_TOKEN (xapp-...)")
-        handler = SocketModeHandler(
-            self.bolt, token.get_secret_value(), web_client=web_client(self.settings)
-        )
+
+        class Handler(SocketModeHandler):
+            def handle(self, client: Any, req: Any) -> None:
+                """Every envelope acknowledged, also one nothing listens for (Slack would
+                send it again and tell the user the app did not answer)."""
+                start = time.time()
+                answer = run_bolt_app(self.app, req)
+                if answer.status != 200:
+                    answer = BoltResponse(status=200, body="")
+                send_response(client, req, answer, start)
+
+        handler = Handler(self.bolt, token.get_secret_value(), web_client=web_client(self.settings))
         try:
             handler.connect()  # type: ignore[no-untyped-call]
         except SlackApiError as exc:
@@ -905,11 +918,10 @@ def _artifact(run_id: str, key: str) -> str | None:
 
 
 def _active_runs() -> list[msg.RunLine]:
-    """Responses running or waiting (Running, Paused, Scheduled, Pending), newest first."""
+    """Runs of the incident-response flow running or waiting (Running, Paused, Scheduled,
+    Pending), newest first."""
     from prefect import get_client
     from prefect.client.schemas.filters import (
-        DeploymentFilter,
-        DeploymentFilterName,
         FlowFilter,
         FlowFilterName,
         FlowRunFilter,
@@ -921,12 +933,11 @@ def _active_runs() -> list[msg.RunLine]:
 
     from flows.incident import run_url
 
-    flow_name, deployment = INCIDENT_DEPLOYMENT.split("/")
+    flow_name = INCIDENT_DEPLOYMENT.split("/")[0]  # from Slack, alerts, the CLI, a sweep
     states = [StateType.RUNNING, StateType.PAUSED, StateType.SCHEDULED, StateType.PENDING]
     with get_client(sync_client=True) as client:
         runs = client.read_flow_runs(
             flow_filter=FlowFilter(name=FlowFilterName(any_=[flow_name])),
-            deployment_filter=DeploymentFilter(name=DeploymentFilterName(any_=[deployment])),
             flow_run_filter=FlowRunFilter(
                 state=FlowRunFilterState(type=FlowRunFilterStateType(any_=states))
             ),

@@ -26,7 +26,7 @@ class FakeSlack:
         self.usergroups: dict[str, list[str]] = {}
         self.channel_members: dict[str, list[str]] = {}
         self.refusals: dict[str, list[str]] = {}  # method -> errors answered, in turn
-        self.gone_channels: set[str] = set()  # chat.* to these: channel_not_found
+        self.refused_channels: dict[str, str] = {}  # chat.* to a channel: this error, always
         self.socket_url = ""
         self.page_max = 100
         self.lock = threading.Lock()
@@ -77,8 +77,8 @@ class FakeSlack:
             refusal = queued.pop(0) if queued else None
         if refusal is not None:
             return {"ok": False, "error": refusal}
-        if method.startswith("chat.") and args.get("channel") in self.gone_channels:
-            return {"ok": False, "error": "channel_not_found"}
+        if method.startswith("chat.") and str(args.get("channel")) in self.refused_channels:
+            return {"ok": False, "error": self.refused_channels[str(args.get("channel"))]}
         if method in ("chat.postMessage", "chat.update"):
             ts = args.get("ts") or self._next_ts()
             return {"ok": True, "channel": args.get("channel"), "ts": ts}

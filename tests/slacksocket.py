@@ -24,6 +24,7 @@ class SocketSlack:
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.connections: list[ServerConnection] = []  # every connection, in order
+        self.closed = 0  # how many of them the app has closed
         self.acks: dict[str, tuple[float, dict[str, Any] | None]] = {}  # envelope -> (at, payload)
         self.sent: dict[str, float] = {}  # envelope -> when it was sent
         self.server: Server = serve(self._session, "127.0.0.1", 0)
@@ -49,18 +50,23 @@ class SocketSlack:
                         self.acks[envelope] = (time.monotonic(), ack.get("payload"))
         except ConnectionClosed:
             pass
+        with self.lock:
+            self.closed += 1
 
     @property
     def current(self) -> ServerConnection:
         with self.lock:
             return self.connections[-1]
 
-    def wait_connected(self, n: int = 1, timeout: float = 20) -> None:
-        """Until the app has opened its `n`-th connection."""
-        deadline = time.monotonic() + timeout
-        while len(self.connections) < n:
+    def wait_connected(self, n: int = 1, timeout: float = 20) -> float:
+        """Until the app has opened its `n`-th connection and closed the ones before (it has
+        moved over); returns the seconds it took."""
+        started = deadline = time.monotonic()
+        deadline += timeout
+        while len(self.connections) < n or self.closed < n - 1:
             assert time.monotonic() < deadline, f"{len(self.connections)} connection(s), not {n}"
-            time.sleep(0.05)
+            time.sleep(0.01)
+        return time.monotonic() - started
 
     def envelope(self, kind: str, payload: dict[str, Any], retry: int = 0) -> str:
         """Send one envelope (`slash_commands`, `interactive`) on the newest connection."""
