@@ -802,10 +802,17 @@ class SlackApp:
         ctype = (answer.headers.get("content-type") or ["application/json"])[0]
         return Response(answer.body or b"", answer.status, media_type=ctype)
 
+    @staticmethod
+    def warm() -> None:
+        """Import now what the first response needs (Prefect's client: seconds of CPU), so it
+        never delays an acknowledgement."""
+        import prefect.deployments  # noqa: F401
+
     def server(self, host: str, port: int, limits: Limits | None = None) -> HttpServer:
         """POST /slack/commands and /slack/interactive (signed by Slack); GET /health."""
         if self.verifier is None:
             raise InputError("HTTP mode needs CUDAMEDIC_SLACK_SIGNING_SECRET")
+        self.warm()
         limits = limits or Limits.of(self.settings)
 
         async def health(request: Request) -> Response:
@@ -830,6 +837,7 @@ class SlackApp:
         token = self.settings.slack_app_token
         if token is None:
             raise InputError("Socket Mode needs CUDAMEDIC_SLACK_APP_TOKEN (xapp-...)")
+        self.warm()
 
         class Handler(SocketModeHandler):
             def handle(self, client: Any, req: Any) -> None:

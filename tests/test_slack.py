@@ -237,6 +237,14 @@ def test_slash_command_to_fixed_container_end_to_end(
             assert "Socket Mode" in app_log.read_text()
             slack_side = Transport(sock=sock)
         _approval_story(slack, slack_side, sock, gpu_engine, container_name, volume, data)
+        _, answer = slack_side.command(command("sweep a100"))  # one lab host has the tag
+        assert answer["text"].startswith("Starting a fleet sweep")
+        report = slack.wait_for(
+            lambda c: c["method"] == "chat.postMessage" and "gpu-slow-nccl" in str(c["args"]),
+            timeout=120,
+        )
+        assert "thread_ts" in report["args"]  # in the thread of "Fleet sweep ... asked by"
+        assert "gpu-healthy" not in json.dumps(report["args"])  # only the tagged host
         logs = serve_log.read_text() + app_log.read_text()
         assert TOKEN not in logs and SECRET not in logs and APP_TOKEN not in logs
         if sock is not None:  # the app token went only to apps.connections.open

@@ -81,10 +81,20 @@ def starts(fake: FakeSlack) -> list[dict[str, Any]]:
     return [c for c in fake.of("chat.postMessage") if "collecting evidence" in str(c["args"])]
 
 
+def settled(fake: FakeSlack, n: int) -> None:
+    """Until `n` responses have tried to start (no deployment is served here: each ends with
+    "could not start"), so each acknowledgement is timed on an app at rest, as in use."""
+    deadline = time.monotonic() + 30
+    while len(fake.of("chat.postEphemeral")) < n:
+        assert time.monotonic() < deadline, fake.of("chat.postEphemeral")
+        time.sleep(0.05)
+
+
 # -- Socket Mode ---------------------------------------------------------------------------------
 def test_socket_mode_acknowledges_every_envelope_and_survives_a_refresh(
-    slack: FakeSlack, tmp_path: Path
+    prefect_api: str, slack: FakeSlack, tmp_path: Path
 ) -> None:
+    """(With the request memory in the tests' Prefect server, as in production.)"""
     with socket_app(slack, app_settings(slack, tmp_path)) as sock:
         opened = slack.of("apps.connections.open")
         assert len(opened) == 1 and opened[0]["auth"] == f"Bearer {APP_TOKEN}"
@@ -122,29 +132,34 @@ def test_socket_mode_acknowledges_every_envelope_and_survives_a_refresh(
         sock.refresh()  # Slack's disconnect: a new URL, a new connection, nothing lost
         print(f"\nSocket Mode refresh: moved to a new connection in {sock.wait_connected(2):.2f} s")
         assert len(slack.of("apps.connections.open")) == 2
-        acks = [slash("triage nosuchhost")[0] for _ in range(20)]
+        acks = []
+        for i in range(20):  # each a new response: remembered in Prefect, then started
+            took, answer = slash(f"triage node07 train-{i}")
+            assert answer["text"].startswith("Starting a response for node07/")
+            acks.append(took)
+            settled(slack, i + 1)
         print(
             f"\nSocket Mode acknowledgement: p50 {statistics.median(acks) * 1000:.1f} ms, "
-            f"max {max(acks) * 1000:.1f} ms (n={len(acks)})"
+            f"max {max(acks) * 1000:.1f} ms (n={len(acks)}): {[round(a * 1000) for a in acks]}"
         )
-        assert max(acks) < 1.0
-        assert starts(slack) == []
+        assert acks[0] < 3.0 and max(acks[1:]) < 1.0  # the first: Prefect's first Variable
 
 
-def test_http_mode_acknowledgement_time(slack: FakeSlack, tmp_path: Path) -> None:
+def test_http_mode_acknowledgement_time(prefect_api: str, slack: FakeSlack, tmp_path: Path) -> None:
     with http_app(app_settings(slack, tmp_path)) as url:
         acks = []
-        for _ in range(20):
-            body = command("triage nosuchhost")
+        for i in range(20):  # each a new response: remembered in Prefect, then started
+            body = command(f"triage node07 train-{i}")
             t0 = time.monotonic()
             code, answer = post(url + "/slack/commands", body, signed(body))
             acks.append(time.monotonic() - t0)
-            assert code == 200 and "not a host" in answer["text"]
+            assert code == 200 and answer["text"].startswith("Starting a response for node07/")
+            settled(slack, i + 1)
     print(
         f"\nHTTP mode acknowledgement: p50 {statistics.median(acks) * 1000:.1f} ms, "
-        f"max {max(acks) * 1000:.1f} ms (n={len(acks)})"
+        f"max {max(acks) * 1000:.1f} ms (n={len(acks)}): {[round(a * 1000) for a in acks]}"
     )
-    assert max(acks) < 1.0
+    assert acks[0] < 3.0 and max(acks[1:]) < 1.0  # the first: Prefect's first Variable
 
 
 # -- the memory of seen requests -----------------------------------------------------------------
@@ -348,3 +363,18 @@ def test_long_texts_are_split_across_sections_and_messages_not_cut(
     posted = slack.of("chat.postMessage")
     assert len(posted) == -(-len(blocks) // 50)
     assert all(len(c["args"]["blocks"]) <= 50 for c in posted)
+
+
+def test_both_manifests_name_what_the_app_handles() -> None:
+    import yaml
+
+    deploy = Path(__file__).parents[1] / "deploy"
+    http = yaml.safe_load((deploy / "slack-app-manifest.yaml").read_text())
+    sock = yaml.safe_load((deploy / "slack-app-manifest-socket.yaml").read_text())
+    for manifest in (http, sock):
+        ids = {s["callback_id"] for s in manifest["features"]["shortcuts"]}
+        assert ids == {"cudamedic_triage", "cudamedic_why"}
+        assert manifest["features"]["slash_commands"][0]["command"] == "/cudamedic"
+    assert sock["settings"]["socket_mode_enabled"] is True and "https://" not in json.dumps(sock)
+    assert http["settings"]["socket_mode_enabled"] is False
+    assert http["settings"]["interactivity"]["request_url"].endswith("/slack/interactive")
