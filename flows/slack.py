@@ -350,6 +350,10 @@ USAGE = (
     " | sweep [TAG] | status"
 )
 TRIAGE_USAGE = "usage: /cudamedic triage HOST [CONTAINER] [-- pasted error text]"
+# `SlackApp.socket_mode` acknowledges every envelope with slack_bolt's Socket Mode helpers
+# (`run_bolt_app`, `send_response`: no public form); checked against slack_bolt 1.30 and pinned
+# by tests/test_slack_app.py::test_slack_bolt_internals_we_use_are_as_checked.
+BOLT_CHECKED = (1, 30)
 APPROVERS_TTL_S = 60.0
 
 

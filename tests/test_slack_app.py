@@ -387,3 +387,25 @@ def test_both_manifests_name_what_the_app_handles() -> None:
     assert sock["settings"]["socket_mode_enabled"] is True and "https://" not in json.dumps(sock)
     assert http["settings"]["socket_mode_enabled"] is False
     assert http["settings"]["interactivity"]["request_url"].endswith("/slack/interactive")
+
+
+def test_slack_bolt_internals_we_use_are_as_checked() -> None:
+    """SlackApp.socket_mode overrides SocketModeHandler.handle with slack_bolt's own helpers;
+    pin them so an upgrade that changes them fails here."""
+    import inspect
+
+    from slack_bolt.adapter.socket_mode import SocketModeHandler
+    from slack_bolt.adapter.socket_mode.internals import run_bolt_app, send_response
+    from slack_bolt.version import __version__
+
+    from flows.slack import BOLT_CHECKED
+
+    assert tuple(int(p) for p in __version__.split(".")[:2]) == BOLT_CHECKED
+    assert list(inspect.signature(run_bolt_app).parameters) == ["app", "req"]
+    assert list(inspect.signature(send_response).parameters) == [
+        "client",
+        "req",
+        "bolt_resp",
+        "start_time",
+    ]
+    assert list(inspect.signature(SocketModeHandler.handle).parameters) == ["self", "client", "req"]
