@@ -1,19 +1,35 @@
 """Slack: delivery from the flows (progress in a thread, the approval request, the post-mortem),
-and the Slack app that starts responses and takes approvals (`cudamedic slack`, HTTP mode).
+and the Slack app that starts responses and takes approvals (`cudamedic slack`): a slack_bolt App,
+in Socket Mode when an app-level token is configured, else on the HTTP server of flows/http.py.
 
-Delivery never fails a flow: slack-sdk retries rate limits (429 + Retry-After), server errors and
-dropped connections; what still fails is kept in ``STATE_DIR/slack-outbox.jsonl`` and sent by the
-next delivery. Every inbound request is verified with the signing secret (5-minute window,
-constant-time comparison); replays and Slack's retries never start a second response.
+Delivery never fails a flow and never jams: slack-sdk retries rate limits (429 + Retry-After),
+server errors and dropped connections; what still fails for a passing reason waits in
+``STATE_DIR/slack-outbox.jsonl`` and is sent, in order, by the next delivery; what Slack refuses
+for good (``channel_not_found``, ``not_in_channel``, ``invalid_auth``, ...) goes to
+``STATE_DIR/slack-dead-letter.jsonl`` with the reason, and the messages behind it go on. Every
+HTTP request is verified with the signing secret (5-minute window, constant-time comparison);
+replays and Slack's retries never start a second response, also after a restart or on another
+replica (the memory of seen requests is kept in Prefect: `Memory`).
 """
 
 from __future__ import annotations
 
+import base64
+import contextlib
+import fcntl
+import hashlib
+import http.client
 import json
 import logging
+import os
+import re
+import tempfile
 import threading
 import time
+import urllib.error
 import urllib.parse
+import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -33,8 +49,14 @@ from runbooks.settings import Settings
 
 log = logging.getLogger(__name__)
 INCIDENT_DEPLOYMENT = "incident-response/incident-response"
+SWEEP_DEPLOYMENT = "fleet-health-check/fleet-sweep"
 MAX_BODY = 1 << 20
+PATHS = ("/slack/commands", "/slack/interactive", "/slack/events")
 _outbox_lock = threading.Lock()
+# Slack's answers that mean "try again later"; every other error is final for that message
+TRANSIENT_ERRORS = frozenset(
+    {"ratelimited", "internal_error", "fatal_error", "service_unavailable", "request_timeout"}
+)
 
 
 # -- delivery ------------------------------------------------------------------------------------
@@ -65,14 +87,53 @@ def _outbox(settings: Settings) -> Path:
     return settings.state_path / "slack-outbox.jsonl"
 
 
+def dead_letters(settings: Settings) -> Path:
+    """Messages Slack refused for good, one JSON line each with the reason."""
+    return settings.state_path / "slack-dead-letter.jsonl"
+
+
+@contextlib.contextmanager
+def _locked(settings: Settings) -> Iterator[None]:
+    """The outbox to this thread alone: a lock within the process, flock between processes
+    (the app, the workers, a second replica sharing STATE_DIR)."""
+    with _outbox_lock:
+        path = settings.state_path / "slack-outbox.lock"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with path.open("a") as f:
+            fcntl.flock(f, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(f, fcntl.LOCK_UN)
+
+
 def _send(client: Any, item: dict[str, Any]) -> dict[str, Any]:
     if item["method"] == "files_upload_v2":
         return dict(client.files_upload_v2(**item["args"]).data)
     return dict(client.api_call(item["method"], json=item["args"]).data)
 
 
+def refused_for_good(exc: Exception) -> str | None:
+    """Why Slack will never take this message (its error code), or None when waiting may help
+    (429, 5xx, timeouts, connection errors)."""
+    from slack_sdk.errors import SlackApiError, SlackRequestError
+
+    if isinstance(exc, SlackApiError):
+        status = int(getattr(exc.response, "status_code", 200) or 200)
+        error = str(exc.response.get("error") or "") if exc.response is not None else ""
+        if status == 429 or status >= 500 or error in TRANSIENT_ERRORS:
+            return None
+        return error or f"HTTP {status}"
+    if isinstance(exc, SlackRequestError):  # an upload the file server did not take, or bad args
+        return None if str(exc).startswith("Failed to upload") else str(exc)[:200]
+    if isinstance(exc, OSError | TimeoutError | urllib.error.URLError | http.client.HTTPException):
+        return None
+    return type(exc).__name__  # a message that cannot be sent (waiting would not help)
+
+
 def deliver(settings: Settings, method: str, **args: Any) -> dict[str, Any] | None:
-    """Call one Slack method; on failure keep it in the outbox. Never raises."""
+    """Call one Slack method; on a passing failure keep it in the outbox, on a final one in the
+    dead letters. Never raises."""
     client = web_client(settings)
     if client is None:
         return None
@@ -83,36 +144,51 @@ def deliver(settings: Settings, method: str, **args: Any) -> dict[str, Any] | No
     try:
         return _send(client, item)
     except Exception as exc:  # a Slack outage must never fail a response
-        log.warning("Slack %s failed (kept for later): %s", method, type(exc).__name__)
-        _keep(settings, item)
+        why = refused_for_good(exc)
+        if why is None:
+            log.warning("Slack %s failed (kept for later): %s", method, type(exc).__name__)
+            _keep(settings, item)
+        else:
+            _dead(settings, item, why)
         return None
 
 
 def _keep(settings: Settings, item: dict[str, Any]) -> None:
-    with _outbox_lock:
-        path = _outbox(settings)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with path.open("a", encoding="utf-8") as f:
-            f.write(json.dumps({**item, "at": time.time()}) + "\n")
+    with _locked(settings), _outbox(settings).open("a", encoding="utf-8") as f:
+        f.write(json.dumps({**item, "at": time.time()}) + "\n")
+
+
+def _dead(settings: Settings, item: dict[str, Any], why: str) -> None:
+    log.warning("Slack refused %s for good (%s): kept in the dead letters", item["method"], why)
+    path = dead_letters(settings)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a", encoding="utf-8") as f:
+        f.write(json.dumps({**item, "reason": why, "dead_at": time.time()}) + "\n")
 
 
 def flush_outbox(settings: Settings, client: Any = None) -> int:
-    """Send what earlier deliveries could not; returns how many are still waiting."""
+    """Send what earlier deliveries could not; returns how many are still waiting. A message
+    Slack refuses for good goes to the dead letters and never holds back those behind it."""
     path = _outbox(settings)
     if not path.exists():
         return 0
     client = client or web_client(settings)
     if client is None:
         return 0
-    with _outbox_lock:
+    with _locked(settings):
+        if not path.exists():  # another process sent them meanwhile
+            return 0
         items = _outbox_items(path.read_text(encoding="utf-8", errors="replace"))
         left = []
         for i, item in enumerate(items):
             try:
                 _send(client, item)
-            except Exception:
-                left = items[i:]  # keep the order: stop at the first failure
-                break
+            except Exception as exc:
+                why = refused_for_good(exc)
+                if why is None:
+                    left = items[i:]  # keep the order: stop at the first passing failure
+                    break
+                _dead(settings, item, why)
         if left:
             path.write_text("".join(json.dumps(x) + "\n" for x in left), encoding="utf-8")
         else:
@@ -143,18 +219,93 @@ def _outbox_items(text: str) -> list[dict[str, Any]]:
 def keep_flushing(settings: Settings) -> threading.Event:
     """Resend the outbox every `slack_outbox_flush_s` from a daemon thread (the Slack app runs
     it), so a message kept during an outage goes out once Slack answers, even when nothing else
-    is posted. Set the returned event to stop."""
+    is posted; and forget seen requests past their time. Set the returned event to stop."""
     stop = threading.Event()
 
     def loop() -> None:
+        last_prune = 0.0
         while not stop.wait(settings.slack_outbox_flush_s):
             try:
                 flush_outbox(settings)
+                if time.monotonic() - last_prune > 600:
+                    last_prune = time.monotonic()
+                    Memory.prune()
             except Exception as exc:  # never let the flusher die
                 log.warning("Slack outbox flush failed: %s", type(exc).__name__)
 
     threading.Thread(target=loop, name="slack-outbox", daemon=True).start()
     return stop
+
+
+class Memory:
+    """Requests already handled (signatures, retried commands, button clicks), for every replica
+    and across restarts: one Prefect Variable per key, created only when absent, so the Prefect
+    server (shared by the replicas) decides who saw it first. Asked over Prefect's REST API with
+    a short timeout and no retries, so an acknowledgement never waits on it for long; when
+    Prefect cannot be asked, this process's memory alone decides for `QUIET_S` (nothing can be
+    started without Prefect anyway)."""
+
+    TAG = "cudamedic-seen"
+    QUIET_S = 30.0
+
+    def __init__(self, ttl: float, timeout: float = 2.0) -> None:
+        self.ttl, self.timeout = ttl, timeout
+        self.local = Seen(ttl=ttl)
+        self.quiet_until = 0.0
+
+    def first_time(self, key: str) -> bool:
+        if not self.local.first_time(key):
+            return False
+        if time.monotonic() < self.quiet_until:
+            return True
+        name = f"{self.TAG}-{hashlib.sha256(key.encode()).hexdigest()[:40]}"
+        value = {"until": round(time.time() + self.ttl)}
+        try:
+            _prefect("POST", "/variables/", {"name": name, "value": value, "tags": [self.TAG]})
+        except urllib.error.HTTPError as exc:
+            if exc.code == 409:  # already there: seen before, here or by another replica
+                return False
+            self._unavailable(f"HTTP {exc.code}")
+        except (OSError, ValueError, LookupError) as exc:
+            self._unavailable(type(exc).__name__)
+        return True
+
+    def _unavailable(self, why: str) -> None:
+        self.quiet_until = time.monotonic() + self.QUIET_S
+        log.warning("Prefect did not answer for the request memory (%s): this process's only", why)
+
+    @classmethod
+    def prune(cls) -> int:
+        """Forget keys past their time; returns how many."""
+        found = _prefect(
+            "POST", "/variables/filter", {"variables": {"tags": {"all_": [cls.TAG]}}, "limit": 200}
+        )
+        gone = 0
+        for var in found if isinstance(found, list) else []:
+            value = var.get("value") if isinstance(var, dict) else None
+            until = value.get("until", 0) if isinstance(value, dict) else 0
+            if isinstance(until, int | float) and until < time.time():
+                _prefect("DELETE", f"/variables/name/{urllib.parse.quote(str(var['name']))}")
+                gone += 1
+        return gone
+
+
+def _prefect(method: str, path: str, body: Any = None, timeout: float = 2.0) -> Any:
+    """One call to the Prefect API of PREFECT_API_URL (set by the CLI for the embedded server
+    too), without the client's retries. LookupError: no API is configured."""
+    api = os.environ.get("PREFECT_API_URL", "").rstrip("/")
+    if not api.startswith(("http://", "https://")):
+        raise LookupError("PREFECT_API_URL is not set")
+    headers = {"Content-Type": "application/json"}
+    if key := os.environ.get("PREFECT_API_KEY"):
+        headers["Authorization"] = f"Bearer {key}"
+    elif auth := os.environ.get("PREFECT_API_AUTH_STRING"):
+        headers["Authorization"] = "Basic " + base64.b64encode(auth.encode()).decode()
+    data = json.dumps(body).encode() if body is not None else None
+    req = urllib.request.Request(api + path, data=data, method=method, headers=headers)  # noqa: S310
+    with urllib.request.urlopen(req, timeout=timeout) as resp:  # noqa: S310
+        raw = resp.read()
+    return json.loads(raw) if raw else None
 
 
 class SlackThread:
@@ -167,10 +318,15 @@ class SlackThread:
         self.requester = ref.get("requester", "")
 
     def say(self, text: str, blocks: list[dict[str, Any]] | None = None) -> dict[str, Any] | None:
-        args: dict[str, Any] = {"channel": self.channel, "thread_ts": self.ts, "text": text}
-        if blocks:
-            args["blocks"] = blocks
-        return deliver(self.settings, "chat.postMessage", **args)
+        """Post in the thread (more blocks than a message holds: several messages)."""
+        first = None
+        for part in msg.messages(blocks or []):
+            args: dict[str, Any] = {"channel": self.channel, "thread_ts": self.ts, "text": text}
+            if part:
+                args["blocks"] = part
+            answer = deliver(self.settings, "chat.postMessage", **args)
+            first = first or answer
+        return first
 
     def headline(self, text: str) -> None:
         deliver(self.settings, "chat.update", channel=self.channel, ts=self.ts, text=text)
@@ -188,13 +344,25 @@ class SlackThread:
         )
 
 
-# -- the app (HTTP mode) --------------------------------------------------------------------------
+# -- the app ------------------------------------------------------------------------------------
+USAGE = (
+    "usage: /cudamedic triage HOST [CONTAINER] [-- pasted error text] | why PASTED ERROR TEXT"
+    " | sweep [TAG] | status"
+)
+TRIAGE_USAGE = "usage: /cudamedic triage HOST [CONTAINER] [-- pasted error text]"
+# `SlackApp.socket_mode` acknowledges every envelope with slack_bolt's Socket Mode helpers
+# (`run_bolt_app`, `send_response`: no public form); checked against slack_bolt 1.30 and pinned
+# by tests/test_slack_app.py::test_slack_bolt_internals_we_use_are_as_checked.
+BOLT_CHECKED = (1, 30)
+APPROVERS_TTL_S = 60.0
+
+
 def parse_command(text: str, inventory: Inventory) -> tuple[str, str | None, str | None]:
     """`triage HOST [CONTAINER] [-- TRIGGER TEXT]` -> (host, container, trigger) (PURE)."""
     head, _, trigger = text.partition("--")
     words = head.split()
     if not words or words[0] != "triage" or len(words) not in (2, 3):
-        raise InputError("usage: /cudamedic triage HOST [CONTAINER] [-- pasted error text]")
+        raise InputError(TRIAGE_USAGE)
     host = words[1]
     if host not in inventory.hosts:
         raise InputError(f"{host!r} is not a host of the inventory")
@@ -202,26 +370,120 @@ def parse_command(text: str, inventory: Inventory) -> tuple[str, str | None, str
     return host, container, trigger.strip()[:4000] or None
 
 
+def diagnose_text(text: str, state_dir: Path) -> Any:
+    """A pasted error classified as the text a person reported (`cudamedic classify -`): no
+    host, no SSH, nothing started."""
+    from runbooks.classify import classify_path
+
+    with tempfile.TemporaryDirectory(prefix="cudamedic-paste-") as tmp:
+        (Path(tmp) / "trigger.txt").write_text(redact_text(text), encoding="utf-8")
+        return classify_path(Path(tmp), state_dir=state_dir)
+
+
+class Approvers:
+    """Who may approve: members of the approver user groups and channels, asked of Slack at
+    most every `ttl` seconds (channel members page by page)."""
+
+    def __init__(self, settings: Settings, ttl: float = APPROVERS_TTL_S) -> None:
+        self.settings, self.ttl = settings, ttl
+        self.lock = threading.Lock()
+        self.cache: dict[str, tuple[float, frozenset[str]]] = {}
+
+    def members(self, kind: str, ident: str) -> frozenset[str]:
+        key = f"{kind}:{ident}"
+        with self.lock:
+            hit = self.cache.get(key)
+        if hit and time.monotonic() - hit[0] < self.ttl:
+            return hit[1]
+        users = frozenset(self._ask(kind, ident))
+        with self.lock:
+            self.cache[key] = (time.monotonic(), users)
+        return users
+
+    def _ask(self, kind: str, ident: str) -> list[str]:
+        client = web_client(self.settings)
+        if kind == "group":
+            answer = client.api_call("usergroups.users.list", params={"usergroup": ident})
+            return [str(u) for u in answer.get("users") or []]
+        users: list[str] = []
+        cursor = ""
+        for _ in range(1000):  # 200 a page: 200,000 members at most
+            params = {"channel": ident, "limit": 200, **({"cursor": cursor} if cursor else {})}
+            answer = client.api_call("conversations.members", params=params)
+            users += [str(u) for u in answer.get("members") or []]
+            cursor = str(_obj(answer.get("response_metadata")).get("next_cursor") or "")
+            if not cursor:
+                break
+        return users
+
+
 class SlackApp:
+    """The Slack app: a slack_bolt App whose listeners start responses, answer `why`, start
+    sweeps, list responses and take approvals. `server()` serves it over HTTP (flows/http.py),
+    `socket_mode()` connects it to Slack over a WebSocket."""
+
     def __init__(self, settings: Settings, inventory: Inventory) -> None:
-        if settings.slack_signing_secret is None or settings.slack_bot_token is None:
+        if settings.slack_bot_token is None or (
+            settings.slack_signing_secret is None and settings.slack_app_token is None
+        ):
             raise InputError(
-                "the Slack app needs CUDAMEDIC_SLACK_SIGNING_SECRET and CUDAMEDIC_SLACK_BOT_TOKEN"
+                "the Slack app needs CUDAMEDIC_SLACK_BOT_TOKEN and CUDAMEDIC_SLACK_APP_TOKEN "
+                "(Socket Mode) or CUDAMEDIC_SLACK_SIGNING_SECRET (HTTP)"
             )
         from slack_sdk.signature import SignatureVerifier
 
         self.settings = settings
         self.inventory = inventory
-        self.verifier = SignatureVerifier(settings.slack_signing_secret.get_secret_value())
-        self.signatures = Seen(ttl=600)
-        self.requests = Seen(ttl=3600)
+        secret = settings.slack_signing_secret
+        self.verifier = SignatureVerifier(secret.get_secret_value()) if secret else None
+        self.signatures = Memory(ttl=600)
+        self.requests = Memory(ttl=3600)
+        self.approvers = Approvers(settings)
+        self.bolt = self._bolt()
 
-    # verification
+    def _bolt(self) -> Any:
+        from slack_bolt import App
+        from slack_bolt.authorization import AuthorizeResult
+
+        assert self.settings.slack_bot_token is not None
+        token = self.settings.slack_bot_token.get_secret_value()
+        secret = self.settings.slack_signing_secret
+
+        def authorize(**_: Any) -> AuthorizeResult:  # one workspace; no auth.test per request
+            return AuthorizeResult(enterprise_id=None, team_id=None, bot_token=token)
+
+        client = web_client(self.settings)
+        client.token = None  # Bolt takes the bot token from `authorize`
+        app = App(
+            client=client,
+            signing_secret=secret.get_secret_value() if secret else "",
+            authorize=authorize,
+            request_verification_enabled=secret is not None,
+            process_before_response=False,
+            logger=logging.getLogger("flows.slack.bolt"),
+        )
+        anything = re.compile(r".*")  # every one acknowledged; `interaction` picks ours
+        app.command(anything)(self._on_command)
+        app.action(anything)(self._on_interaction)
+        app.shortcut(anything)(self._on_interaction)
+        app.view(anything)(self._on_interaction)
+        return app
+
+    def _on_command(self, ack: Any, body: dict[str, Any]) -> None:
+        ack(self.command({str(k): str(v) for k, v in body.items()}))
+
+    def _on_interaction(self, ack: Any, body: dict[str, Any]) -> None:
+        answer = self.interaction(body)
+        ack(answer) if answer else ack()
+
+    # verification (HTTP mode)
     def verified(self, body: bytes, headers: Any) -> str | None:
         """None when the request is Slack's and new; else why it is refused."""
         ts, sig = headers.get("X-Slack-Request-Timestamp"), headers.get("X-Slack-Signature")
         if not ts or not sig:
             return "unsigned request"
+        if self.verifier is None:
+            return "no signing secret configured"
         try:
             valid = self.verifier.is_valid(body, ts, sig)
         except (ValueError, UnicodeDecodeError):  # a timestamp that is no number, a non-UTF-8 body
@@ -235,15 +497,82 @@ class SlackApp:
     # slash command
     def command(self, form: dict[str, str]) -> dict[str, Any]:
         user, channel = form.get("user_id", ""), form.get("channel_id", "")
+        text = form.get("text", "")
+        verb, _, rest = text.strip().partition(" ")
+        if verb in ("why", "sweep", "status"):
+            return self._other(verb, rest.strip(), form)
         try:
-            host, container, trigger = parse_command(form.get("text", ""), self.inventory)
+            host, container, trigger = parse_command(text, self.inventory)
         except InputError as exc:
-            return {"response_type": "ephemeral", "text": str(exc)}
-        if not self.requests.first_time("cmd:" + form.get("trigger_id", "") + form.get("text", "")):
+            usage = USAGE if str(exc) == TRIAGE_USAGE and verb != "triage" else str(exc)
+            return {"response_type": "ephemeral", "text": usage}
+        if not self.requests.first_time("cmd:" + form.get("trigger_id", "") + text):
             return {"response_type": "ephemeral", "text": "already started"}
         self._start(host, container, trigger, user, channel, f"Slack /cudamedic by <@{user}>")
         where = f"{host}/{container}" if container else host
         return {"response_type": "ephemeral", "text": f"Starting a response for {where}…"}
+
+    def _other(self, verb: str, rest: str, form: dict[str, str]) -> dict[str, Any]:
+        """`why TEXT`, `sweep [TAG]`, `status`: answered in a worker thread."""
+        user, channel = form.get("user_id", ""), form.get("channel_id", "")
+        if verb == "why" and not rest:
+            return {"response_type": "ephemeral", "text": "usage: /cudamedic why PASTED ERROR"}
+        if verb == "sweep" and (len(rest.split()) > 1 or not re.fullmatch(r"[\w.-]*", rest)):
+            return {"response_type": "ephemeral", "text": "usage: /cudamedic sweep [TAG]"}
+        if not self.requests.first_time(f"{verb}:" + form.get("trigger_id", "") + rest):
+            return {"response_type": "ephemeral", "text": "already started"}
+
+        def tell(text: str, blocks: list[dict[str, Any]] | None = None) -> None:
+            extra = {"blocks": blocks} if blocks else {}
+            deliver(
+                self.settings, "chat.postEphemeral", channel=channel, user=user, text=text, **extra
+            )
+
+        work = {
+            "why": lambda: self._why(rest[:20000], tell),
+            "sweep": lambda: self._sweep(rest or None, channel, user, tell),
+            "status": lambda: self._status(tell),
+        }[verb]
+        threading.Thread(target=_guarded(work, tell), name=f"slack-{verb}", daemon=True).start()
+        said = {"why": "Diagnosing the pasted text…", "sweep": "Starting a fleet sweep…"}
+        return {"response_type": "ephemeral", "text": said.get(verb, "Looking…")}
+
+    def _why(self, text: str, say: Any) -> None:
+        d = diagnose_text(text, self.settings.state_path)
+        for blocks in msg.why_messages(d):
+            say(f"cudamedic why: {d.incident} ({d.confidence:.2f})", blocks)
+
+    def _sweep(self, tag: str | None, channel: str, user: str, tell: Any) -> None:
+        from prefect.deployments import run_deployment
+
+        parameters = {
+            "inventory": str(self.settings.inventory) if self.settings.inventory else None,
+            "tags": [tag] if tag else None,
+        }
+        root = deliver(
+            self.settings,
+            "chat.postMessage",
+            channel=channel,
+            text=f"Fleet sweep{f' of hosts tagged {tag}' if tag else ''} asked by <@{user}>…",
+        )
+        run = run_deployment(SWEEP_DEPLOYMENT, parameters=parameters, timeout=3600)
+        state = run.state.name if run.state else "unknown"  # type: ignore[union-attr]
+        thread = {"thread_ts": root["ts"]} if root else {}
+        markdown = _artifact(str(run.id), "fleet-sweep")  # type: ignore[union-attr]
+        chunks = msg.split_text(markdown or f"The sweep ended {state}.")
+        for chunk in chunks:
+            deliver(
+                self.settings,
+                "chat.postMessage",
+                channel=channel,
+                text=chunk,
+                blocks=[msg.plain_section(chunk)],
+                **thread,
+            )
+
+    def _status(self, tell: Any) -> None:
+        runs = _active_runs()
+        tell(f"{len(runs)} response(s) running or waiting", msg.status_blocks(runs))
 
     def _start(
         self,
@@ -289,7 +618,7 @@ class SlackApp:
 
         threading.Thread(target=run, name="slack-start", daemon=True).start()
 
-    # buttons, shortcut, modal
+    # buttons, shortcuts, modal
     def interaction(self, payload: dict[str, Any]) -> dict[str, Any] | None:
         if not isinstance(payload, dict):
             return None
@@ -308,9 +637,34 @@ class SlackApp:
                 view=_triage_modal(text, channel),
             )
             return None
+        if kind == "message_action" and payload.get("callback_id") == "cudamedic_why":
+            self._why_shortcut(payload, user)
+            return None
         if kind == "view_submission":
             return self._submitted(payload, user)
         return None
+
+    def _why_shortcut(self, payload: dict[str, Any], user: str) -> None:
+        """The message shortcut "Why did this fail?": the diagnosis of the message's text, in
+        its thread (no host, nothing started)."""
+        message = _obj(payload.get("message"))
+        text = str(message.get("text", ""))[:20000]
+        channel = str(_obj(payload.get("channel")).get("id", ""))
+        ts = str(message.get("thread_ts") or message.get("ts") or "")
+        if not text.strip() or not channel:
+            return
+        if not self.requests.first_time("why:" + str(payload.get("trigger_id", "")) + ts):
+            return
+
+        def say(summary: str, blocks: list[dict[str, Any]] | None = None) -> None:
+            args: dict[str, Any] = {"channel": channel, "text": summary, "blocks": blocks}
+            deliver(self.settings, "chat.postMessage", **args, **({"thread_ts": ts} if ts else {}))
+
+        def tell(text: str, blocks: list[dict[str, Any]] | None = None) -> None:
+            deliver(self.settings, "chat.postEphemeral", channel=channel, user=user, text=text)
+
+        work = _guarded(lambda: self._why(text, say), tell)
+        threading.Thread(target=work, name="slack-why", daemon=True).start()
 
     def _submitted(self, payload: dict[str, Any], user: str) -> dict[str, Any] | None:
         view = _obj(payload.get("view"))
@@ -370,11 +724,7 @@ class SlackApp:
         def tell(text: str) -> None:
             deliver(self.settings, "chat.postEphemeral", channel=channel, user=user, text=text)
 
-        try:
-            why_not = self.refusal(run_id, user)
-        except Exception as exc:  # a forged or stale run id, Prefect unreachable
-            log.warning("approval click for %r refused: %s", run_id[:40], type(exc).__name__)
-            why_not = "Nothing was changed: that flow run cannot be found."
+        why_not = self.refusal(run_id, user)
         if why_not:
             tell(why_not)
             return
@@ -400,47 +750,73 @@ class SlackApp:
         )
 
     def refusal(self, run_id: str, user: str) -> str | None:
-        """Why `user` may not answer this run (None: they may)."""
+        """Why `user` may not answer this run (None: they may), each failure as what it is."""
+        from slack_sdk.errors import SlackApiError
+
         s = self.settings
         if not s.slack_approver_groups and not s.slack_approver_channels:
             return "No Slack approvers are configured (slack_approver_groups/channels)."
-        if s.slack_four_eyes and user == _requester(run_id):
-            return "Four-eyes rule: you asked for this response, someone else must approve it."
-        client = web_client(s)
-        for group in s.slack_approver_groups:
-            users = client.api_call("usergroups.users.list", params={"usergroup": group})
-            if user in (users.get("users") or []):
-                return None
-        for chan in s.slack_approver_channels:
-            members = client.api_call("conversations.members", params={"channel": chan})
-            if user in (members.get("members") or []):
-                return None
+        if s.slack_four_eyes:
+            try:
+                requester = _requester(run_id)
+            except Exception as exc:  # a forged or stale run id, Prefect unreachable
+                log.warning("approval click for %r refused: %s", run_id[:40], type(exc).__name__)
+                return _prefect_trouble(exc)
+            if user == requester:
+                return "Four-eyes rule: you asked for this response, someone else must approve it."
+        try:
+            for group in s.slack_approver_groups:
+                if user in self.approvers.members("group", group):
+                    return None
+            for chan in s.slack_approver_channels:
+                if user in self.approvers.members("channel", chan):
+                    return None
+        except SlackApiError as exc:
+            error = exc.response.get("error") if exc.response is not None else None
+            return f"Nothing was changed: asked who approves, Slack answered {error or 'an error'}."
+        except Exception as exc:
+            why = type(exc).__name__
+            return f"Nothing was changed: Slack could not be asked who approves ({why})."
         return "You are not allowed to approve fixes (not in an approver group or channel)."
 
-    # the HTTP side
-    def handle(self, path: str, body: bytes, headers: Any) -> tuple[int, dict[str, Any] | None]:
-        """One POST -> (HTTP status, answer). Blocking (Slack, Prefect): the server runs it in a
-        worker thread."""
+    # the transports
+    def handle(self, path: str, body: bytes, headers: Any) -> Response:
+        """One POST (HTTP mode): verified, then Bolt's. Blocking (Slack, Prefect): the server runs
+        it in a worker thread."""
+        from slack_bolt.request import BoltRequest
+
         why = self.verified(body, headers)
         if why:
             log.warning("refused Slack request to %s: %s", path, why)
-            return 401, {"error": why}
+            return reply(401, {"error": why})
+        if path not in PATHS:
+            return reply(404, {"error": "not found"})
         text = body.decode("utf-8", errors="replace")
-        form = {k: v[0] for k, v in urllib.parse.parse_qs(text).items()}
-        if path == "/slack/commands":
-            return 200, self.command(form)
-        if path != "/slack/interactive":
-            return 404, {"error": "not found"}
-        try:
-            payload = json.loads(form.get("payload", "{}"))
-        except (ValueError, RecursionError):
-            payload = None
-        if not isinstance(payload, dict):
-            return 400, {"error": "bad payload"}
-        return 200, self.interaction(payload)
+        if path == "/slack/interactive":
+            raw = urllib.parse.parse_qs(text).get("payload", ["{}"])[0]
+            try:
+                payload = json.loads(raw)
+            except (ValueError, RecursionError):
+                payload = None
+            if not isinstance(payload, dict):
+                return reply(400, {"error": "bad payload"})
+        answer = self.bolt.dispatch(BoltRequest(body=text, headers=dict(headers), mode="http"))
+        if answer.status == 404:  # nothing of ours listens for it: acknowledged, nothing done
+            return Response(b"", 200)
+        ctype = (answer.headers.get("content-type") or ["application/json"])[0]
+        return Response(answer.body or b"", answer.status, media_type=ctype)
+
+    @staticmethod
+    def warm() -> None:
+        """Import now what the first response needs (Prefect's client: seconds of CPU), so it
+        never delays an acknowledgement."""
+        import prefect.deployments  # noqa: F401
 
     def server(self, host: str, port: int, limits: Limits | None = None) -> HttpServer:
         """POST /slack/commands and /slack/interactive (signed by Slack); GET /health."""
+        if self.verifier is None:
+            raise InputError("HTTP mode needs CUDAMEDIC_SLACK_SIGNING_SECRET")
+        self.warm()
         limits = limits or Limits.of(self.settings)
 
         async def health(request: Request) -> Response:
@@ -449,15 +825,68 @@ class SlackApp:
         async def post(request: Request) -> Response:
             body = await read_body(request, limits, MAX_BODY)
             path = request.url.path
-            return reply(*await run_in_threadpool(self.handle, path, body, request.headers))
+            return await run_in_threadpool(self.handle, path, body, request.headers)
 
         routes = [Route("/health", health), Route("/{path:path}", post, methods=["POST"])]
         return HttpServer(json_app(routes, log), host, port, limits)
+
+    def socket_mode(self) -> Any:
+        """A connected Socket Mode handler (slack_bolt's built-in client): Slack sends every
+        request over a WebSocket the app opens, so no public endpoint is needed. `close()` it."""
+        from slack_bolt.adapter.socket_mode import SocketModeHandler
+        from slack_bolt.adapter.socket_mode.internals import run_bolt_app, send_response
+        from slack_bolt.response import BoltResponse
+        from slack_sdk.errors import SlackApiError
+
+        token = self.settings.slack_app_token
+        if token is None:
+            raise InputError("Socket Mode needs CUDAMEDIC_SLACK_APP_TOKEN (xapp-...)")
+        self.warm()
+
+        class Handler(SocketModeHandler):
+            def handle(self, client: Any, req: Any) -> None:
+                """Every envelope acknowledged, also one nothing listens for (Slack would
+                send it again and tell the user the app did not answer)."""
+                start = time.time()
+                answer = run_bolt_app(self.app, req)
+                if answer.status != 200:
+                    answer = BoltResponse(status=200, body="")
+                send_response(client, req, answer, start)
+
+        handler = Handler(self.bolt, token.get_secret_value(), web_client=web_client(self.settings))
+        try:
+            handler.connect()  # type: ignore[no-untyped-call]
+        except SlackApiError as exc:
+            handler.close()  # type: ignore[no-untyped-call]
+            error = exc.response.get("error") if exc.response is not None else exc
+            raise InputError(f"Slack refused the Socket Mode connection: {error}") from None
+        return handler
+
+
+def _guarded(work: Any, tell: Any) -> Any:
+    """`work` for a thread: a failure is told to the user as what it is, never a traceback."""
+
+    def run() -> None:
+        try:
+            work()
+        except Exception as exc:
+            log.warning("Slack request failed: %s: %s", type(exc).__name__, exc)
+            tell(f"cudamedic could not do that: {type(exc).__name__}: {str(exc)[:300]}")
+
+    return run
 
 
 def _obj(value: Any) -> dict[str, Any]:
     """A JSON object of a Slack payload, or an empty one when it is anything else."""
     return value if isinstance(value, dict) else {}
+
+
+def _prefect_trouble(exc: Exception) -> str:
+    from prefect.exceptions import ObjectNotFound
+
+    if isinstance(exc, ObjectNotFound | ValueError):
+        return "Nothing was changed: that flow run cannot be found."
+    return f"Nothing was changed: Prefect could not be asked about that run ({type(exc).__name__})."
 
 
 def _requester(run_id: str) -> str:
@@ -476,6 +905,67 @@ def _run_deployment(parameters: dict[str, Any]) -> str:
 
     run = run_deployment(INCIDENT_DEPLOYMENT, parameters=parameters, timeout=0)
     return str(run.id)  # type: ignore[union-attr]
+
+
+def _artifact(run_id: str, key: str) -> str | None:
+    """The markdown artifact `key` of a flow run, if it made one."""
+    from uuid import UUID
+
+    from prefect import get_client
+    from prefect.client.schemas.filters import (
+        ArtifactFilter,
+        ArtifactFilterFlowRunId,
+        ArtifactFilterKey,
+    )
+
+    with get_client(sync_client=True) as client:
+        found = client.read_artifacts(
+            artifact_filter=ArtifactFilter(
+                key=ArtifactFilterKey(any_=[key]),
+                flow_run_id=ArtifactFilterFlowRunId(any_=[UUID(run_id)]),
+            ),
+            limit=1,
+        )
+    return str(found[0].data) if found and found[0].data else None
+
+
+def _active_runs() -> list[msg.RunLine]:
+    """Runs of the incident-response flow running or waiting (Running, Paused, Scheduled,
+    Pending), newest first."""
+    from prefect import get_client
+    from prefect.client.schemas.filters import (
+        FlowFilter,
+        FlowFilterName,
+        FlowRunFilter,
+        FlowRunFilterState,
+        FlowRunFilterStateType,
+    )
+    from prefect.client.schemas.objects import StateType
+    from prefect.client.schemas.sorting import FlowRunSort
+
+    from flows.incident import run_url
+
+    flow_name = INCIDENT_DEPLOYMENT.split("/")[0]  # from Slack, alerts, the CLI, a sweep
+    states = [StateType.RUNNING, StateType.PAUSED, StateType.SCHEDULED, StateType.PENDING]
+    with get_client(sync_client=True) as client:
+        runs = client.read_flow_runs(
+            flow_filter=FlowFilter(name=FlowFilterName(any_=[flow_name])),
+            flow_run_filter=FlowRunFilter(
+                state=FlowRunFilterState(type=FlowRunFilterStateType(any_=states))
+            ),
+            sort=FlowRunSort.START_TIME_DESC,
+            limit=50,
+        )
+    return [
+        msg.RunLine(
+            name=r.name,
+            state=str(r.state.name if r.state else "?"),
+            target=str(r.parameters.get("target") or "?"),
+            container=str(r.parameters.get("container") or ""),
+            url=run_url(str(r.id)),
+        )
+        for r in runs
+    ]
 
 
 def _triage_modal(text: str, channel: str) -> dict[str, Any]:

@@ -1,21 +1,53 @@
 """Slack messages (PURE): Block Kit for a response's thread — progress, the approval request with
-its buttons, the post-mortem summary — and the sweep summary. Text is cut to Slack's limits
-(3000 characters per section; the full report goes as a file)."""
+its buttons, the post-mortem summary —, the sweep summary, `why` answers and the list of
+responses. Long text is split at Slack's limits (3000 characters per section, 50 blocks per
+message) into more sections and messages, never cut."""
 
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from typing import Any
 
 from reports.render import PostMortem, SweepSummary
-from runbooks.model import SimilarIncident
+from runbooks.model import Diagnosis, SimilarIncident
 
 SECTION_MAX = 3000
+BLOCKS_MAX = 50
 APPROVE, REJECT = "cudamedic_approve", "cudamedic_reject"
+FENCE = "```"
 
 
-def _cut(text: str, limit: int = SECTION_MAX) -> str:
-    return text if len(text) <= limit else text[: limit - 20] + "\n… (truncated)"
+def split_text(text: str, limit: int = SECTION_MAX) -> list[str]:
+    """`text` in pieces of at most `limit` characters, at line ends where a line fits (PURE)."""
+    pieces: list[str] = []
+    current = ""
+    for line in text.splitlines() or [""]:
+        while len(line) > limit:  # a line longer than a piece: split inside it
+            if current:
+                pieces.append(current)
+                current = ""
+            pieces.append(line[:limit])
+            line = line[limit:]
+        joined = f"{current}\n{line}" if current else line
+        if len(joined) > limit:
+            pieces.append(current)
+            current = line
+        else:
+            current = joined
+    if current or not pieces:
+        pieces.append(current)
+    return pieces
+
+
+def messages(blocks: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
+    """Blocks in groups of at most 50 (Slack's limit per message), in order."""
+    return [blocks[i : i + BLOCKS_MAX] for i in range(0, len(blocks), BLOCKS_MAX)] or [[]]
+
+
+def plain_section(text: str) -> dict[str, Any]:
+    """One section of already safe text (at most 3000 characters: see `split_text`)."""
+    return {"type": "section", "text": {"type": "mrkdwn", "text": text[:SECTION_MAX]}}
 
 
 def _escape(text: str) -> str:
@@ -23,13 +55,18 @@ def _escape(text: str) -> str:
     return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
 
 
-def _section(text: str) -> dict[str, Any]:
-    return {"type": "section", "text": {"type": "mrkdwn", "text": _cut(text)}}
+def _sections(text: str) -> list[dict[str, Any]]:
+    return [plain_section(piece) for piece in split_text(text)]
 
 
-def _code(lines: list[str] | tuple[str, ...]) -> str:
-    body = _escape("\n".join(lines)).replace("```", "'''")
-    return "```" + _cut(body, SECTION_MAX - 10) + "```"
+def _code_sections(title: str, lines: list[str] | tuple[str, ...]) -> list[dict[str, Any]]:
+    """`title` and the lines as code, in as many sections as they need."""
+    body = _escape("\n".join(lines)).replace(FENCE, "'''")
+    pieces = split_text(body, SECTION_MAX - len(title) - 2 * len(FENCE) - 1)
+    return [
+        plain_section((title + "\n" if i == 0 else "") + FENCE + piece + FENCE)
+        for i, piece in enumerate(pieces)
+    ]
 
 
 def root_text(target: str, container: str | None, requester: str, state: str) -> str:
@@ -56,13 +93,13 @@ def approval_blocks(
     value = json.dumps({"run": run_id, "requester": requester})
     changed = [ln for ln in diff if ln[:1] in "+-"] or list(diff)
     return [
-        _section(
+        *_sections(
             f":warning: *Fix waiting for approval* — `{_escape(incident)}` "
             f"(confidence {confidence:.2f}) on *{_escape(host)}* / `{_escape(container)}`\n"
             f"{_escape(summary)}"
         ),
-        _section("*Evidence*\n" + _code(evidence[:6])),
-        _section("*`docker run` change* (- removed, + added)\n" + _code(changed)),
+        *_code_sections("*Evidence*", evidence[:6]),
+        *_code_sections("*`docker run` change* (- removed, + added)", changed),
         {
             "type": "actions",
             "block_id": "cudamedic_approval",
@@ -88,7 +125,7 @@ def approval_blocks(
 
 def answered_blocks(original_summary: str, decision: str, user: str) -> list[dict[str, Any]]:
     verb = "Approved" if decision == "approve" else "Rejected"
-    return [_section(original_summary), _section(f"*{verb}* by <@{user}>")]
+    return [*_sections(original_summary), *_sections(f"*{verb}* by <@{user}>")]
 
 
 def summary_blocks(pm: PostMortem) -> list[dict[str, Any]]:
@@ -107,16 +144,16 @@ def summary_blocks(pm: PostMortem) -> list[dict[str, Any]]:
     ]
     return (
         [
-            _section(f"{emoji} *Post-mortem: {_escape(pm.incident)} on {_escape(where)}*"),
+            *_sections(f"{emoji} *Post-mortem: {_escape(pm.incident)} on {_escape(where)}*"),
             {
                 "type": "section",
                 "fields": [{"type": "mrkdwn", "text": f"*{k}*\n{_escape(v)}"} for k, v in fields],
             },
-            _section(_escape(pm.summary)),
+            *_sections(_escape(pm.summary)),
         ]
-        + ([_section(_escape(pm.outcome_detail))] if pm.outcome_detail else [])
+        + (_sections(_escape(pm.outcome_detail)) if pm.outcome_detail else [])
         + (
-            [_section("*Similar known incidents*\n" + similar_text(pm.similar))]
+            _sections("*Similar known incidents*\n" + similar_text(pm.similar))
             if pm.similar
             else []
         )
@@ -149,4 +186,48 @@ def sweep_blocks(s: SweepSummary) -> list[dict[str, Any]]:
         f"*Fleet health sweep*: {len(s.hosts)} hosts — {s.count('drain')} drain, "
         f"{s.count('warning')} warning, {s.count('healthy')} healthy"
     )
-    return [_section(head), _section(_escape("\n".join(lines)) or "nothing changed")]
+    return [*_sections(head), *_sections(_escape("\n".join(lines)) or "nothing changed")]
+
+
+def why_messages(d: Diagnosis) -> list[list[dict[str, Any]]]:
+    """`/cudamedic why`: the diagnosis of a pasted error, its confidence, what to check next, the
+    fix as advice and the similar known incidents, as one or more messages."""
+    out = [f"*{_escape(d.incident)}* (confidence {d.confidence:.2f}) — {_escape(d.summary)}"]
+    if d.evidence:
+        out.append("*Evidence*")
+        out += [f"• {_escape(ln.text.strip()[:300])}" for ln in d.evidence[:6]]
+    if d.next_checks:
+        out.append("*Check next*")
+        out += [f"• {_escape(c)}" for c in d.next_checks]
+    if d.fix is not None:
+        out.append("*Fix (advice: nothing was changed)*")
+        if d.fix.docker_run:
+            out.append(FENCE + _escape("\n".join(d.fix.docker_run)).replace(FENCE, "") + FENCE)
+        out += [f"• {_escape(step)}" for step in d.fix.steps]
+        if d.fix.note:
+            out.append(_escape(d.fix.note))
+    if d.similar:
+        out += ["*Similar known incidents*", similar_text(d.similar)]
+    return messages(_sections("\n".join(out)))
+
+
+@dataclass(frozen=True)
+class RunLine:
+    """One response for `/cudamedic status`."""
+
+    name: str
+    state: str
+    target: str
+    container: str
+    url: str | None
+
+
+def status_blocks(runs: list[RunLine]) -> list[dict[str, Any]]:
+    if not runs:
+        return _sections("No responses are running or waiting.")
+    lines = []
+    for r in runs:
+        where = _escape(f"{r.target}/{r.container}" if r.container else r.target)
+        name = f"<{r.url}|{_escape(r.name)}>" if r.url else f"`{_escape(r.name)}`"
+        lines.append(f"• {name} — {where}: *{_escape(r.state)}*")
+    return _sections("*Responses running or waiting*\n" + "\n".join(lines))[:BLOCKS_MAX]

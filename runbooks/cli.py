@@ -525,6 +525,7 @@ def cmd_alerts(args: argparse.Namespace) -> int:
 
 
 def cmd_slack(args: argparse.Namespace) -> int:
+    import threading
 
     settings = _settings(args)
     inventory = _required_inventory(settings, "the Slack app")
@@ -533,6 +534,16 @@ def cmd_slack(args: argparse.Namespace) -> int:
 
     app = SlackApp(settings, inventory)
     keep_flushing(settings)
+    if settings.slack_app_token is not None:
+        handler = app.socket_mode()
+        print("Slack app: Socket Mode, connected to Slack", flush=True)
+        try:
+            threading.Event().wait()
+        except KeyboardInterrupt:
+            pass
+        finally:
+            handler.close()
+        return 0
     listen = args.listen or settings.slack_listen
     port = args.port if args.port is not None else settings.slack_port
     server = app.server(listen, port)
@@ -762,7 +773,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, help="port (default 9095; 0 picks a free one)")
     p.set_defaults(func=cmd_alerts)
 
-    p = sub.add_parser("slack", help="the Slack app (HTTP mode): /cudamedic, shortcut, approvals")
+    p = sub.add_parser(
+        "slack",
+        help="the Slack app (Socket Mode with an app token, else HTTP): /cudamedic, approvals",
+    )
     p.add_argument("--inventory", type=Path)
     p.add_argument("--listen", help="address to bind (default 127.0.0.1)")
     p.add_argument("--port", type=int, help="port (default 3000; 0 picks a free one)")

@@ -70,7 +70,8 @@ class Settings(BaseSettings):
     alert_token: SecretStr | None = None
     # Slack (`cudamedic slack`; docs: README "Slack"); tokens from the environment or this file
     slack_bot_token: SecretStr | None = None  # xoxb-...
-    slack_signing_secret: SecretStr | None = None
+    slack_signing_secret: SecretStr | None = None  # HTTP mode
+    slack_app_token: SecretStr | None = None  # xapp-...: Socket Mode (no public endpoint)
     slack_api_url: str | None = None  # default Slack's; a proxy or a test server
     slack_channel: str | None = None  # where sweep news goes
     slack_approver_groups: tuple[str, ...] = ()  # user group ids (S...) whose members approve

@@ -1,7 +1,10 @@
 """A local stand-in for Slack's Web API (the lowest layer: HTTP), reached through slack-sdk's
 `base_url`. It speaks the methods cudamedic calls, records every call, and can be told to answer
-a method with HTTP 429 (Retry-After) or 5xx a number of times first, or hang past the client's
-timeout (status 0) before answering 503."""
+a method with HTTP 429 (Retry-After) or 5xx a number of times first, hang past the client's
+timeout (status 0) before answering 503, or refuse it for good (`refuse`: `ok: false` with an
+error such as `channel_not_found`, as Slack does). `apps.connections.open` answers `socket_url`
+(Socket Mode: tests/slacksocket.py); `conversations.members` pages like Slack (`limit`, at most
+`page_max` a page, `response_metadata.next_cursor`)."""
 
 from __future__ import annotations
 
@@ -22,6 +25,10 @@ class FakeSlack:
         self.failures: dict[str, list[tuple[int, dict[str, str]]]] = {}
         self.usergroups: dict[str, list[str]] = {}
         self.channel_members: dict[str, list[str]] = {}
+        self.refusals: dict[str, list[str]] = {}  # method -> errors answered, in turn
+        self.refused_channels: dict[str, str] = {}  # chat.* to a channel: this error, always
+        self.socket_url = ""
+        self.page_max = 100
         self.lock = threading.Lock()
         self.hang_s = 3.0
         self.down = False  # every method answers 503 (an outage)
@@ -35,6 +42,10 @@ class FakeSlack:
         `self.hang_s`, then 503 (the client has given up by then)."""
         headers = {"Retry-After": str(retry_after)} if status == 429 else {}
         self.failures.setdefault(method, []).extend([(status, headers)] * times)
+
+    def refuse(self, method: str, error: str, times: int = 1) -> None:
+        """Answer `method` with HTTP 200 `{"ok": false, "error": error}` the next `times` calls."""
+        self.refusals.setdefault(method, []).extend([error] * times)
 
     def delivered(self, method: str) -> list[dict[str, Any]]:
         """The calls of `method` that were answered ok (what reached the channel)."""
@@ -61,6 +72,13 @@ class FakeSlack:
             return f"1764700000.{self._ts:06d}"
 
     def _answer(self, method: str, args: dict[str, Any]) -> dict[str, Any]:
+        with self.lock:
+            queued = self.refusals.get(method)
+            refusal = queued.pop(0) if queued else None
+        if refusal is not None:
+            return {"ok": False, "error": refusal}
+        if method.startswith("chat.") and str(args.get("channel")) in self.refused_channels:
+            return {"ok": False, "error": self.refused_channels[str(args.get("channel"))]}
         if method in ("chat.postMessage", "chat.update"):
             ts = args.get("ts") or self._next_ts()
             return {"ok": True, "channel": args.get("channel"), "ts": ts}
@@ -80,8 +98,20 @@ class FakeSlack:
         if method == "usergroups.users.list":
             return {"ok": True, "users": self.usergroups.get(str(args.get("usergroup")), [])}
         if method == "conversations.members":
-            return {"ok": True, "members": self.channel_members.get(str(args.get("channel")), [])}
-        if method in ("views.open", "auth.test"):
+            members = self.channel_members.get(str(args.get("channel")), [])
+            start = int(args.get("cursor") or 0)
+            end = start + min(int(args.get("limit") or 100), self.page_max)
+            cursor = str(end) if end < len(members) else ""
+            return {
+                "ok": True,
+                "members": members[start:end],
+                "response_metadata": {"next_cursor": cursor},
+            }
+        if method == "apps.connections.open":
+            return {"ok": True, "url": self.socket_url} if self.socket_url else {"ok": False}
+        if method == "auth.test":
+            return {"ok": True, "team_id": "T0LAB", "user_id": "U0BOT", "bot_id": "B0BOT"}
+        if method == "views.open":
             return {"ok": True}
         return {"ok": False, "error": "unknown_method"}
 
@@ -126,7 +156,7 @@ class FakeSlack:
                     return
                 answer = fake._answer(method, args)
                 with fake.lock:
-                    fake.calls[-1]["response"] = answer
+                    next(c for c in reversed(fake.calls) if c["args"] is args)["response"] = answer
                 self._send(200, json.dumps(answer).encode())
 
             def _send(

@@ -6,6 +6,7 @@ local fake in tests/slackfake.py (reached through slack-sdk's base_url)."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import hmac
 import json
@@ -27,12 +28,14 @@ from runbooks.inventory import load_inventory
 from runbooks.settings import Settings
 from tests.lab.lab import LabState
 from tests.slackfake import FakeSlack, fake_slack
+from tests.slacksocket import SocketSlack, socket_slack
 from tests.test_deploy import BIN, _drop_deployments, background, env, run_info  # noqa: F401
 from tests.test_fix import fix_settings, volume, volume_text  # noqa: F401
 from tests.test_flows import shm_container
 
 SECRET = "8f742231b10e8888abcd99yyyzzz85a5"  # Slack's documentation example signing secret
 TOKEN = "xoxb-test-token-not-real"
+APP_TOKEN = "xapp-1-A0CUDAMEDIC-test-token-not-real"
 
 
 @pytest.fixture
@@ -158,7 +161,35 @@ def test_delivery_retries_rate_limits_and_keeps_what_fails(
     assert all(c["auth"] == f"Bearer {TOKEN}" for c in slack.calls)
 
 
+class Transport:
+    """How Slack reaches the app: signed HTTP POSTs, or envelopes over Socket Mode."""
+
+    def __init__(self, url: str = "", sock: SocketSlack | None = None) -> None:
+        self.url, self.sock = url, sock
+
+    def command(self, body: bytes) -> tuple[float, dict[str, Any]]:
+        """(seconds to the acknowledgement, its answer)."""
+        if self.sock is None:
+            started = time.monotonic()
+            code, answer = post(self.url + "/slack/commands", body, signed(body))
+            assert code == 200, answer
+            return time.monotonic() - started, answer
+        form = {k: v[0] for k, v in urllib.parse.parse_qs(body.decode()).items()}
+        took, answer = self.sock.ack(self.sock.envelope("slash_commands", form))
+        return took, answer or {}
+
+    def interactive(self, payload: dict[str, Any]) -> dict[str, Any]:
+        if self.sock is None:
+            form = urllib.parse.urlencode({"payload": json.dumps(payload)}).encode()
+            code, answer = post(self.url + "/slack/interactive", form, signed(form))
+            assert code == 200, answer
+            return answer
+        return self.sock.ack(self.sock.envelope("interactive", payload))[1] or {}
+
+
+@pytest.mark.parametrize("mode", ["http", "socket"])
 def test_slash_command_to_fixed_container_end_to_end(
+    mode: str,
     env: dict[str, str],  # noqa: F811
     background: Any,  # noqa: F811
     slack: FakeSlack,
@@ -169,6 +200,9 @@ def test_slash_command_to_fixed_container_end_to_end(
     tmp_path: Path,
     lab: LabState,
 ) -> None:
+    """The same story in both modes: command -> response -> approval click -> fix verified on
+    the real engine -> report in the thread. Socket Mode also reconnects mid-response (Slack's
+    `disconnect` refresh) and goes on on the new connection."""
     shm_container(make_container, container_name, volume)
     data = volume_text(gpu_engine, volume)
     slack.usergroups["S0APPROVE"] = ["U0APPROVER"]
@@ -180,22 +214,57 @@ def test_slash_command_to_fixed_container_end_to_end(
         "CUDAMEDIC_SLACK_API_URL": slack.base_url,
         "CUDAMEDIC_SLACK_APPROVER_GROUPS": '["S0APPROVE"]',
     }
-    _drop_deployments()
-    serve_log, app_log = tmp_path / "serve.log", tmp_path / "slack.log"
-    background([str(BIN / "cudamedic"), "serve"], env, serve_log)
-    background([str(BIN / "cudamedic"), "slack", "--port", "0"], env, app_log)
-    deadline = time.monotonic() + 90
-    while not ("being served" in serve_log.read_text() and "Slack app" in app_log.read_text()):
-        assert time.monotonic() < deadline, serve_log.read_text() + app_log.read_text()
-        time.sleep(0.5)
-    base = re.search(r"Slack app: (http://\S+)/slack/commands", app_log.read_text())
-    assert base
-    url = base.group(1)
+    with contextlib.ExitStack() as stack:
+        sock = None
+        if mode == "socket":
+            sock = stack.enter_context(socket_slack(slack))
+            env["CUDAMEDIC_SLACK_APP_TOKEN"] = APP_TOKEN
+            del env["CUDAMEDIC_SLACK_SIGNING_SECRET"]  # Socket Mode needs no signing secret
+        _drop_deployments()
+        serve_log, app_log = tmp_path / "serve.log", tmp_path / "slack.log"
+        background([str(BIN / "cudamedic"), "serve"], env, serve_log)
+        background([str(BIN / "cudamedic"), "slack", "--port", "0"], env, app_log)
+        deadline = time.monotonic() + 90
+        while not ("being served" in serve_log.read_text() and "Slack app" in app_log.read_text()):
+            assert time.monotonic() < deadline, serve_log.read_text() + app_log.read_text()
+            time.sleep(0.5)
+        if sock is None:
+            base = re.search(r"Slack app: (http://\S+)/slack/commands", app_log.read_text())
+            assert base
+            slack_side = Transport(url=base.group(1))
+        else:
+            sock.wait_connected(1)
+            assert "Socket Mode" in app_log.read_text()
+            slack_side = Transport(sock=sock)
+        _approval_story(slack, slack_side, sock, gpu_engine, container_name, volume, data)
+        _, answer = slack_side.command(command("sweep a100"))  # one lab host has the tag
+        assert answer["text"].startswith("Starting a fleet sweep")
+        report = slack.wait_for(
+            lambda c: c["method"] == "chat.postMessage" and "gpu-slow-nccl" in str(c["args"]),
+            timeout=120,
+        )
+        assert "thread_ts" in report["args"]  # in the thread of "Fleet sweep ... asked by"
+        assert "gpu-healthy" not in json.dumps(report["args"])  # only the tagged host
+        logs = serve_log.read_text() + app_log.read_text()
+        assert TOKEN not in logs and SECRET not in logs and APP_TOKEN not in logs
+        if sock is not None:  # the app token went only to apps.connections.open
+            opened = slack.of("apps.connections.open")
+            assert len(opened) >= 2 and all(c["auth"] == f"Bearer {APP_TOKEN}" for c in opened)
 
+
+def _approval_story(
+    slack: FakeSlack,
+    slack_side: Transport,
+    sock: SocketSlack | None,
+    gpu_engine: Any,
+    container_name: str,
+    volume: str,  # noqa: F811
+    data: str,
+) -> None:
     body = command(f"triage gpu-healthy {container_name} -- DataLoader worker died: Bus error")
-    started = time.monotonic()
-    code, answer = post(url + "/slack/commands", body, signed(body))
-    assert code == 200 and time.monotonic() - started < 3.0  # Slack's acknowledgement limit
+    took, answer = slack_side.command(body)
+    print(f"\nSlack ({'Socket Mode' if sock else 'HTTP'}): command acknowledged in {took:.3f} s")
+    assert took < 3.0  # Slack's acknowledgement limit
     assert answer["text"].startswith("Starting a response for gpu-healthy/")
 
     root = slack.wait_for(
@@ -203,6 +272,9 @@ def test_slash_command_to_fixed_container_end_to_end(
     )
     root_ts = root["response"]["ts"]
     assert "asked by <@U0ASKER>" in root["args"]["text"]
+    if sock is not None:  # Slack refreshes the connection while the response runs
+        sock.refresh()
+        sock.wait_connected(2)
     slack.wait_for(  # progress in the thread
         lambda c: (
             c["method"] == "chat.postMessage"
@@ -234,8 +306,7 @@ def test_slash_command_to_fixed_container_end_to_end(
                 {"action_id": action, "value": button["value"], "action_ts": str(time.time())}
             ],
         }
-        form = urllib.parse.urlencode({"payload": json.dumps(payload)}).encode()
-        assert post(url + "/slack/interactive", form, signed(form))[0] == 200
+        slack_side.interactive(payload)
 
     click("U0STRANGER")
     refusal = slack.wait_for(lambda c: c["method"] == "chat.postEphemeral")
@@ -264,8 +335,6 @@ def test_slash_command_to_fixed_container_end_to_end(
     slack.wait_for(
         lambda c: c["method"] == "chat.postEphemeral" and "Nothing was changed" in c["args"]["text"]
     )
-    logs = serve_log.read_text() + app_log.read_text()
-    assert TOKEN not in logs and SECRET not in logs
     assert TOKEN not in report
 
 

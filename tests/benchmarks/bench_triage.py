@@ -194,6 +194,7 @@ def slack_acks(lab: Any, env: dict[str, str], runs: int) -> list[float]:
         for i in range(runs):
             body = urllib.parse.urlencode(
                 {
+                    "command": "/cudamedic",
                     "text": "triage gpu-healthy bench-shm",
                     "user_id": "U1",
                     "channel_id": "C1",

@@ -120,9 +120,10 @@ def test_forged_slack_requests_and_clicks_are_refused(
     for i in range(n):
         body = command(f"triage gpu-healthy train-{i}", trigger=f"t{i}")
         if i % 10 == 0:  # a control: Slack's own request, which must be accepted (once)
-            status, _ = post(f"{app}/slack/commands", body, signed(body))
+            headers = signed(body)
+            status, _ = post(f"{app}/slack/commands", body, headers)
             good_ok += status == 200
-            replay_status, _ = post(f"{app}/slack/commands", body, signed(body))
+            replay_status, _ = post(f"{app}/slack/commands", body, headers)  # the same request
             tried["replayed"] = tried.get("replayed", 0) + 1
             accepted["replayed"] = accepted.get("replayed", 0) + (replay_status == 200)
             continue

@@ -26,6 +26,7 @@ import subprocess
 import sys
 import tarfile
 import tempfile
+import threading
 import urllib.request
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
@@ -1450,7 +1451,7 @@ def _slack_app(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> tuple[Any, li
             self.target(*self.args)
 
     # flows.slack's own name for the module only: the test's servers still get real threads
-    monkeypatch.setattr(slack, "threading", SimpleNamespace(Thread=NoThread))
+    monkeypatch.setattr(slack, "threading", SimpleNamespace(Thread=NoThread, Lock=threading.Lock))
     app_settings = Settings(
         slack_bot_token="xoxb-test",  # type: ignore[arg-type]
         slack_signing_secret="sig",  # type: ignore[arg-type]
