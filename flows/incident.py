@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any, Literal, cast
@@ -310,207 +311,267 @@ def incident_response(
     front (`cudamedic triage --yes`); otherwise the fix waits for an `Approval` unless the
     runbook's policy allows it unattended. `slack`: the thread to report progress to
     ({channel, ts, requester}; set by the Slack app)."""
-    log = get_run_logger()
-    started = now()
-    events: list[tuple[datetime, str, str]] = [
-        (started, "triggered", f"{detected_by} by {approved_by or who()}")
-    ]
-    settings = load_settings()
-    thread = SlackThread(settings, slack) if slack else None
-
-    def mark(event: str, detail: str = "", *, quiet: bool = False) -> None:
-        events.append((now(), event, detail))
-        log.info("%s%s", event, f": {detail}" if detail else "")
-        if thread is not None and not quiet:
-            thread.say(slack_msg.progress(event, detail))
-
-    book = load_runbook(settings.runbook, "incident")
-    inventory = load_inventory(settings.inventory) if settings.inventory else None
-    tgt = resolve_target(target, inventory)
-    run_id = str(flow_run.get_id() or "") or None
-    tag_run(run_id, f"host:{tgt.name}")
-    ensure_limits([host_lock(tgt.name)])
-    links = {"Prefect flow run": u} if (u := run_url(run_id)) else {}
-
-    recovered = None
-    if container:
-        found = recover_task(tgt, container, settings)
-        if isinstance(found, str):
-            mark("recovery skipped", found)
-        elif found is not None:
-            recovered = found
-            mark("interrupted fix finished", found.message)
-    progress.begin("collect", f"from {tgt.name}" + (f" / {container}" if container else ""))
-    bundle = collect_task.with_options(
-        timeout_seconds=book.timeouts.collect, retries=book.retries, retry_delay_seconds=5
-    )(tgt, container, trigger_text, settings, book)
-    progress.end("collect", _sources_line(Path(bundle)))
-    mark("evidence collected", f"bundle {bundle}")
+    run = _Run.start(target, f"{detected_by} by {approved_by or who()}", slack)
+    recovered = _recover(run, container) if container else None
+    bundle = _collect(run, container, trigger_text)
     if (missing := missing_container(Path(bundle))) is not None:
         # A mistyped container: an error to show the person, not an incident to report.
-        mark("no such container", missing)
-        return finish(
-            Response(
-                host=tgt.name,
-                container=container,
-                incident="unknown",
-                confidence=0.0,
-                summary=missing,
-                outcome="no-such-container",
-                detail=missing,
-                bundle=bundle,
-                report="",
-                flow_run_id=run_id,
-                flow_run_url=links.get("Prefect flow run"),
-            )
-        )
-    progress.begin("classify")
-    diagnosis = classify_task.with_options(timeout_seconds=book.timeouts.classify)(bundle, settings)
-    progress.end("classify", f"{diagnosis.incident} (confidence {diagnosis.confidence:.2f})")
-    mark("diagnosed", f"{diagnosis.incident} (confidence {diagnosis.confidence:.2f})")
-    tag_run(run_id, f"incident:{diagnosis.incident}")
-
+        run.mark("no such container", missing)
+        return finish(run.response(container, bundle, missing))
+    diagnosis = _diagnose(run, bundle)
     subject = container or diagnosis.container
     prepared = Prepared(bundle=bundle, diagnosis=diagnosis, recovered=recovered)
-    no_plan: str | None = None
-    if subject and subject != "log" and diagnosis.fix is not None and diagnosis.fix.safe:
-        progress.begin("plan", f"for {subject}")
-        planned = plan_task(tgt, subject, bundle, diagnosis, settings)
-        if isinstance(planned, str):
-            no_plan = planned
-            mark("no plan", no_plan)
-            progress.end("plan", f"no plan: {no_plan}")
-        else:
-            prepared = planned
-            diff = [ln for ln in planned.plan.diff if ln[:1] in "+-"] if planned.plan else []
-            progress.end("plan", " / ".join(diff) or "nothing to change")
-    plan = prepared.plan
-    outcome: Outcome | None = None
-    approval_text: str | None = None
-    status, detail = "diagnosed", ""
-    if plan is not None:
-        mark("fix planned", " / ".join(ln for ln in plan.diff if ln[:1] in "+-"))
-        status, detail = "planned", "dry run: nothing was changed"
-    elif no_plan is not None:
-        status, detail = "not-applied", no_plan
-    elif diagnosis.fix is not None and diagnosis.fix.steps:
-        status, detail = "needs-a-person", "no safe automatic fix; see the action items"
-
-    if plan is not None and apply:
-        tags = tgt.host.tags if tgt.host else ()
-        policy = effective_policy(settings, book)
-        decision: Approval | None = None
-        unattended = False
-        if approved_by:
-            decision = Approval(decision="approve", by=approved_by, reason="approved up front")
-        elif policy.allows_unattended(plan.incident, tags):
-            allowed, why = admit_unattended(book)
-            if allowed:
-                unattended = True
-                decision = Approval(decision="approve", by="policy", reason="runbook policy")
-            else:
-                mark("unattended fix held", why)
-        if decision is None:
-            decision = _wait_for_approval(prepared, tgt, book, run_id, mark, thread)
-        if decision is None:
-            status, detail = (
-                "approval-timed-out",
-                (f"nobody answered within {book.timeouts.approval:g} s; nothing was changed"),
-            )
-        else:
-            approval_text = f"{decision.decision} by {decision.by}" + (
-                f" ({decision.reason})" if decision.reason else ""
-            )
-            mark("approval", approval_text)
-            progress.end("approval", approval_text)
-            if decision.decision == "reject":
-                status, detail = "rejected", f"rejected by {decision.by}; nothing was changed"
-            else:
-                why_not = refusal(plan, tags, policy, settings, confirmed=True)
-                if why_not is not None:
-                    status, detail = "refused", why_not
-                    mark("refused", why_not)
-                else:
-                    progress.begin("apply", f"to {plan.container} on {tgt.name}")
-                    try:
-                        applied = apply_task.with_options(timeout_seconds=book.timeouts.apply)(
-                            tgt, prepared, settings, decision.by, unattended
-                        )
-                    except Exception as exc:  # the report is still written
-                        applied = f"{type(exc).__name__}: {exc}"
-                    if isinstance(applied, str):
-                        status, detail = "not-applied", applied
-                        mark("fix not applied", applied)
-                        progress.end("apply", f"not applied: {applied}")
-                    else:
-                        outcome = applied
-                        mark("fix applied", f"{outcome.status}: {outcome.message}")
-                        progress.end("apply", outcome.status)
-                        progress.end("verify", _checks_line(outcome))
-
+    prepared, no_plan = _plan(run, subject, prepared)
+    result = _Result.before_apply(prepared, no_plan)
+    if prepared.plan is not None and apply:
+        result = _approve_and_apply(run, prepared, approved_by)
     pm = postmortem(
         prepared,
-        settings,
-        tgt.name,
-        started,
-        outcome=outcome,
-        status=status,
-        detail=detail,
+        run.settings,
+        run.tgt.name,
+        run.started,
+        outcome=result.outcome,
+        status=result.status,
+        detail=result.detail,
         trigger=trigger_text,
         detected_by=detected_by,
-        events=events,
-        approval=approval_text,
-        links=links,
+        events=run.events,
+        approval=result.approval,
+        links=run.links,
         triggered_by=approved_by or who(),
     )
+    return finish(_report(run, prepared, subject, pm, result))
+
+
+@dataclass
+class _Run:
+    """One response in progress: where it runs, and its timeline (also told to Slack)."""
+
+    settings: Settings
+    book: Runbook
+    tgt: Target
+    run_id: str | None
+    links: dict[str, str]
+    thread: SlackThread | None
+    started: datetime
+    events: list[tuple[datetime, str, str]]
+
+    @classmethod
+    def start(cls, target: str, triggered: str, slack: dict[str, str] | None) -> _Run:
+        started = now()
+        settings = load_settings()
+        inventory = load_inventory(settings.inventory) if settings.inventory else None
+        tgt = resolve_target(target, inventory)
+        run_id = str(flow_run.get_id() or "") or None
+        tag_run(run_id, f"host:{tgt.name}")
+        ensure_limits([host_lock(tgt.name)])
+        return cls(
+            settings=settings,
+            book=load_runbook(settings.runbook, "incident"),
+            tgt=tgt,
+            run_id=run_id,
+            links={"Prefect flow run": u} if (u := run_url(run_id)) else {},
+            thread=SlackThread(settings, slack) if slack else None,
+            started=started,
+            events=[(started, "triggered", triggered)],
+        )
+
+    def mark(self, event: str, detail: str = "", *, quiet: bool = False) -> None:
+        self.events.append((now(), event, detail))
+        get_run_logger().info("%s%s", event, f": {detail}" if detail else "")
+        if self.thread is not None and not quiet:
+            self.thread.say(slack_msg.progress(event, detail))
+
+    def response(self, container: str | None, bundle: str, missing: str) -> Response:
+        """The answer to a response whose container does not exist."""
+        return Response(
+            host=self.tgt.name,
+            container=container,
+            incident="unknown",
+            confidence=0.0,
+            summary=missing,
+            outcome="no-such-container",
+            detail=missing,
+            bundle=bundle,
+            report="",
+            flow_run_id=self.run_id,
+            flow_run_url=self.links.get("Prefect flow run"),
+        )
+
+
+@dataclass
+class _Result:
+    """Where a response stands before its report: status, detail, and what was done."""
+
+    status: str
+    detail: str = ""
+    outcome: Outcome | None = None
+    approval: str | None = None
+
+    @classmethod
+    def before_apply(cls, prepared: Prepared, no_plan: str | None) -> _Result:
+        fix = prepared.diagnosis.fix
+        if prepared.plan is not None:
+            return cls("planned", "dry run: nothing was changed")
+        if no_plan is not None:
+            return cls("not-applied", no_plan)
+        if fix is not None and fix.steps:
+            return cls("needs-a-person", "no safe automatic fix; see the action items")
+        return cls("diagnosed")
+
+
+def _recover(run: _Run, container: str) -> Outcome | None:
+    """Finish or roll back an interrupted fix of this container first."""
+    found = recover_task(run.tgt, container, run.settings)
+    if isinstance(found, str):
+        run.mark("recovery skipped", found)
+        return None
+    if found is not None:
+        run.mark("interrupted fix finished", found.message)
+    return found
+
+
+def _collect(run: _Run, container: str | None, trigger_text: str | None) -> str:
+    progress.begin("collect", f"from {run.tgt.name}" + (f" / {container}" if container else ""))
+    bundle = collect_task.with_options(
+        timeout_seconds=run.book.timeouts.collect, retries=run.book.retries, retry_delay_seconds=5
+    )(run.tgt, container, trigger_text, run.settings, run.book)
+    progress.end("collect", _sources_line(Path(bundle)))
+    run.mark("evidence collected", f"bundle {bundle}")
+    return bundle
+
+
+def _diagnose(run: _Run, bundle: str) -> Diagnosis:
+    progress.begin("classify")
+    diagnosis = classify_task.with_options(timeout_seconds=run.book.timeouts.classify)(
+        bundle, run.settings
+    )
+    said = f"{diagnosis.incident} (confidence {diagnosis.confidence:.2f})"
+    progress.end("classify", said)
+    run.mark("diagnosed", said)
+    tag_run(run.run_id, f"incident:{diagnosis.incident}")
+    return diagnosis
+
+
+def _plan(run: _Run, subject: str | None, prepared: Prepared) -> tuple[Prepared, str | None]:
+    """The safe fix's plan for `subject`, or why there is none (None: no safe fix to plan)."""
+    fix = prepared.diagnosis.fix
+    if not subject or subject == "log" or fix is None or not fix.safe:
+        return prepared, None
+    progress.begin("plan", f"for {subject}")
+    planned = plan_task(run.tgt, subject, prepared.bundle, prepared.diagnosis, run.settings)
+    if isinstance(planned, str):
+        run.mark("no plan", planned)
+        progress.end("plan", f"no plan: {planned}")
+        return prepared, planned
+    diff = [ln for ln in planned.plan.diff if ln[:1] in "+-"] if planned.plan else []
+    progress.end("plan", " / ".join(diff) or "nothing to change")
+    run.mark("fix planned", " / ".join(diff))
+    return planned, None
+
+
+def _approve_and_apply(run: _Run, prepared: Prepared, approved_by: str | None) -> _Result:
+    """Get the approval (up front, the runbook's policy, or a person), then apply the plan."""
+    plan = prepared.plan
+    assert plan is not None
+    tags = run.tgt.host.tags if run.tgt.host else ()
+    policy = effective_policy(run.settings, run.book)
+    decision: Approval | None = None
+    unattended = False
+    if approved_by:
+        decision = Approval(decision="approve", by=approved_by, reason="approved up front")
+    elif policy.allows_unattended(plan.incident, tags):
+        allowed, why = admit_unattended(run.book)
+        if allowed:
+            unattended = True
+            decision = Approval(decision="approve", by="policy", reason="runbook policy")
+        else:
+            run.mark("unattended fix held", why)
+    if decision is None:
+        decision = _wait_for_approval(prepared, run)
+    if decision is None:
+        waited = f"{run.book.timeouts.approval:g}"
+        return _Result(
+            "approval-timed-out", f"nobody answered within {waited} s; nothing was changed"
+        )
+    said = f"{decision.decision} by {decision.by}" + (
+        f" ({decision.reason})" if decision.reason else ""
+    )
+    run.mark("approval", said)
+    progress.end("approval", said)
+    if decision.decision == "reject":
+        return _Result("rejected", f"rejected by {decision.by}; nothing was changed", None, said)
+    why_not = refusal(plan, tags, policy, run.settings, confirmed=True)
+    if why_not is not None:
+        run.mark("refused", why_not)
+        return _Result("refused", why_not, None, said)
+    progress.begin("apply", f"to {plan.container} on {run.tgt.name}")
+    try:
+        applied = apply_task.with_options(timeout_seconds=run.book.timeouts.apply)(
+            run.tgt, prepared, run.settings, decision.by, unattended
+        )
+    except Exception as exc:  # the report is still written
+        applied = f"{type(exc).__name__}: {exc}"
+    if isinstance(applied, str):
+        run.mark("fix not applied", applied)
+        progress.end("apply", f"not applied: {applied}")
+        return _Result("not-applied", applied, None, said)
+    run.mark("fix applied", f"{applied.status}: {applied.message}")
+    progress.end("apply", applied.status)
+    progress.end("verify", _checks_line(applied))
+    return _Result("planned", "", applied, said)
+
+
+def _report(
+    run: _Run, prepared: Prepared, subject: str | None, pm: Any, result: _Result
+) -> Response:
+    """Write the post-mortem (and post it to the Slack thread), audit, and answer."""
+    diagnosis, plan = prepared.diagnosis, prepared.plan
     progress.begin("report")
-    report = report_task.with_options(timeout_seconds=book.timeouts.report)(pm, settings)
+    report = report_task.with_options(timeout_seconds=run.book.timeouts.report)(pm, run.settings)
     progress.end("report", report)
-    if thread is not None:
+    if run.thread is not None:
         from reports.render import render_markdown
 
-        thread.headline(slack_msg.root_text(tgt.name, subject, thread.requester, f"*{pm.outcome}*"))
+        thread = run.thread
+        thread.headline(
+            slack_msg.root_text(run.tgt.name, subject, thread.requester, f"*{pm.outcome}*")
+        )
         thread.report(pm, render_markdown(pm), Path(report).name)
     audit(
-        settings.state_path,
+        run.settings.state_path,
         "response",
-        host=tgt.name,
+        host=run.tgt.name,
         container=subject,
         incident=diagnosis.incident,
         outcome=pm.outcome,
         report=report,
-        flow_run=run_id,
+        flow_run=run.run_id,
     )
-    response = Response(
-        host=tgt.name,
+    return Response(
+        host=run.tgt.name,
         container=subject,
         incident=diagnosis.incident,
         confidence=diagnosis.confidence,
         summary=pm.summary,
         outcome=pm.outcome,
         detail=pm.outcome_detail,
-        bundle=bundle,
+        bundle=prepared.bundle,
         report=report,
         diff=list(plan.diff) if plan else [],
-        approval=approval_text,
-        flow_run_id=run_id,
-        flow_run_url=links.get("Prefect flow run"),
+        approval=result.approval,
+        flow_run_id=run.run_id,
+        flow_run_url=run.links.get("Prefect flow run"),
         similar=list(diagnosis.similar),
         basis=diagnosis.basis,
     )
-    return finish(response)
 
 
-def _wait_for_approval(
-    prepared: Prepared,
-    tgt: Target,
-    book: Runbook,
-    run_id: str | None,
-    mark: Any,
-    thread: SlackThread | None,
-) -> Approval | None:
+def _wait_for_approval(prepared: Prepared, run: _Run) -> Approval | None:
     """Pause the flow run until a person answers; None when nobody did in time."""
     from runbooks.fixer import render_plan
+
+    tgt, book, run_id, mark, thread = run.tgt, run.book, run.run_id, run.mark, run.thread
 
     text = (
         f"# Fix waiting for approval: {tgt.name}\n\n```text\n{render_plan(prepared)}\n```\n\n"
