@@ -28,7 +28,8 @@ from prefect.input import RunInput
 from prefect.runtime import flow_run
 from pydantic import BaseModel, Field
 
-from flows.slack import SlackThread
+from flows.notify import Notifier
+from flows.slack_delivery import thread_for
 from reports import slack as slack_msg
 from runbooks import breaker, progress
 from runbooks.classify import classify_path
@@ -352,7 +353,7 @@ class _Run:
     tgt: Target
     run_id: str | None
     links: dict[str, str]
-    thread: SlackThread | None
+    thread: Notifier | None
     started: datetime
     events: list[tuple[datetime, str, str]]
 
@@ -371,7 +372,7 @@ class _Run:
             tgt=tgt,
             run_id=run_id,
             links={"Prefect flow run": u} if (u := run_url(run_id)) else {},
-            thread=SlackThread(settings, slack) if slack else None,
+            thread=thread_for(settings, slack),
             started=started,
             events=[(started, "triggered", triggered)],
         )

@@ -205,7 +205,7 @@ def fleet_health_check(
     )
     counts = summarize(changes)
     if changes and settings.slack_channel:  # news only: a quiet fleet stays quiet
-        from flows.slack import deliver
+        from flows.slack_delivery import deliver
         from reports.slack import sweep_blocks
 
         deliver(
