@@ -531,7 +531,7 @@ def test_cli_fix_writes_a_redacted_post_mortem(
     report = Path(proc.stdout.strip().splitlines()[-1].removeprefix("report: "))
     text = report.read_text()
     assert "| Outcome | **fixed** |" in text and "+ --shm-size 8g" in text
-    assert "journal: verified" in text
+    assert "replacement verified" in text  # the journal's verify step, in words
     assert secret not in text and secret not in proc.stdout
 
 

@@ -1819,13 +1819,24 @@ def _cli_commands(name: str, inventory: Path) -> list[list[str]]:
 
 def _hostile_inventories(name: str) -> list[str]:
     q = json.dumps(name)  # a YAML double-quoted scalar holds any string
-    return [
+    texts = [
         f"hosts:\n  {q}: {{address: 127.0.0.1, port: 1}}\n",
         f"hosts:\n  node07: {{address: {q}, port: 1}}\n",
         f"hosts:\n  node07: {{address: 127.0.0.1, port: 1, user: {q}}}\n",
         f"hosts:\n  node07: {{address: 127.0.0.1, port: {q}}}\n",
-        f"hosts:\n  node07: {{address: 127.0.0.1, port: 1, jump: {q}}}\n",
     ]
+    # `a,b` is a ProxyJump chain (a, then b) when each hop is a plain address: a valid jump.
+    if not all(_plain_hop(hop) for hop in name.split(",")):
+        texts.append(f"hosts:\n  node07: {{address: 127.0.0.1, port: 1, jump: {q}}}\n")
+    return texts
+
+
+def _plain_hop(hop: str) -> bool:
+    try:
+        names.host_address(hop)
+    except InputError:
+        return False
+    return True
 
 
 def test_adversarial_names_are_refused_everywhere_in_process(
