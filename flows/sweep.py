@@ -27,7 +27,7 @@ from flows.incident import run_url, slug
 from reports.render import SweepChange, SweepHostRow, SweepSummary, render_sweep, sweep_report_name
 from reports.store import save_report
 from runbooks import progress
-from runbooks.health import HostChange, diff, snapshot
+from runbooks.health import HostChange, diff, snapshot, with_history
 from runbooks.inventory import Inventory, load_inventory
 from runbooks.runbook import Runbook, load_runbook
 from runbooks.settings import Settings, load_settings
@@ -140,39 +140,92 @@ def fleet_health_check(
     distribute: bool = False,
 ) -> SweepResult:
     """Check every selected host; report what is new, changed or resolved since the last sweep."""
-    log = get_run_logger()
     started = datetime.now(UTC)
     settings, book, inv = _inputs(inventory)
     names = select_hosts(inv, hosts, tags)
     out_dir = str(settings.out_dir / "sweeps" / started.strftime("%Y%m%dT%H%M%SZ"))
-    groups = batches(names, book.batch_size)
-    per_host = book.timeouts.collect
     progress.sweep_started(len(names))
     if distribute:
-        results = _distributed(groups, out_dir, inventory, timeout=per_host * 2 + 120)
+        groups = batches(names, book.batch_size)
+        timeout = book.timeouts.collect * 2 + 120
+        results = _distributed(groups, out_dir, inventory, timeout=timeout)
     else:
-        # All batches run at once and share the runbook's concurrency: on a 2-core client,
-        # more SSH sessions at a time only cost CPU (tests/benchmarks/bench_sweep.py).
-        share = max(1, -(-book.concurrency // max(1, len(groups))))
-        futures = [
-            check_batch_task.with_options(timeout_seconds=per_host * 2 + 60).submit(
-                g, inv, settings, book, out_dir, share
-            )
-            for g in groups
-        ]
-        results = [r for fut in futures for r in fut.result()]
-    health = [r.health for r in results]
+        results = _in_this_run(names, inv, settings, book, out_dir)
     progress.end("sweep", ", ".join(f"{summarize_verdicts(results)[v]} {v}" for v in VERDICTS))
-    with locked_state(settings) as (before, save):
-        seen = snapshot(health)
-        changes = diff(before, seen)
-        save(seen)
-    ended = datetime.now(UTC)
+    results, changes = _compare_with_last_sweep(settings, book, results)
     run_id = str(flow_run.get_id() or "") or None
     links = {"Prefect flow run": u} if (u := run_url(run_id)) else {}
-    summary = SweepSummary(
+    summary = _summary(started, results, changes, links)
+    responses = _start_responses(results, changes, run_id) if start_incidents else {}
+    path = _publish(settings, summary, changes, responses)
+    counts = summarize(changes)
+    get_run_logger().info(
+        "%d hosts: %d drain, %d warning; %d new, %d changed, %d resolved",
+        len(results),
+        summary.count("drain"),
+        summary.count("warning"),
+        counts["new"],
+        counts["changed"],
+        counts["resolved"],
+    )
+    return SweepResult(
+        hosts=len(results),
+        verdicts={r.health.host: r.health.verdict for r in results},
+        changes=changes,
+        counts=counts,
+        report=str(path),
+        duration_s=round((summary.ended_at - started).total_seconds(), 2),
+        responses=list(responses.values()),
+        flow_run_url=links.get("Prefect flow run"),
+    )
+
+
+def _in_this_run(
+    names: list[str], inv: Inventory, settings: Settings, book: Runbook, out_dir: str
+) -> list[HostResult]:
+    """Every batch as a task of this flow run, all at once, sharing the runbook's concurrency:
+    on a 2-core client, more SSH sessions at a time only cost CPU
+    (tests/benchmarks/bench_sweep.py)."""
+    groups = batches(names, book.batch_size)
+    share = max(1, -(-book.concurrency // max(1, len(groups))))
+    futures = [
+        check_batch_task.with_options(timeout_seconds=book.timeouts.collect * 2 + 60).submit(
+            g, inv, settings, book, out_dir, share
+        )
+        for g in groups
+    ]
+    return [r for fut in futures for r in fut.result()]
+
+
+def _compare_with_last_sweep(
+    settings: Settings, book: Runbook, results: list[HostResult]
+) -> tuple[list[HostResult], list[HostChange]]:
+    """Judge what needs the last sweep (a growing CUDA cache), then store this sweep and say
+    what is new, changed or resolved since the last one."""
+    with locked_state(settings) as (before, save):
+        results = [
+            r.model_copy(
+                update={
+                    "health": with_history(r.health, before.get(r.health.host, {}), book.thresholds)
+                }
+            )
+            for r in results
+        ]
+        seen = snapshot(r.health for r in results)
+        changes = diff(before, seen)
+        save(seen)
+    return results, changes
+
+
+def _summary(
+    started: datetime,
+    results: list[HostResult],
+    changes: list[HostChange],
+    links: dict[str, str],
+) -> SweepSummary:
+    return SweepSummary(
         started_at=started,
-        ended_at=ended,
+        ended_at=datetime.now(UTC),
         hosts=tuple(
             SweepHostRow(
                 host=r.health.host,
@@ -189,7 +242,15 @@ def fleet_health_check(
         changes=tuple(SweepChange(**c.model_dump()) for c in changes),
         links=links,
     )
-    responses = _start_responses(results, changes, run_id) if start_incidents else {}
+
+
+def _publish(
+    settings: Settings,
+    summary: SweepSummary,
+    changes: list[HostChange],
+    responses: dict[str, str],
+) -> Path:
+    """The report file, the run's artifacts, and (news only: a quiet fleet stays quiet) Slack."""
     progress.begin("report")
     markdown = render_sweep(summary) + _responses_section(responses)
     path = save_report(settings.reports_path, sweep_report_name(summary), markdown)
@@ -203,8 +264,7 @@ def fleet_health_check(
         key="fleet-sweep-hosts",
         description="Verdict per host",
     )
-    counts = summarize(changes)
-    if changes and settings.slack_channel:  # news only: a quiet fleet stays quiet
+    if changes and settings.slack_channel:
         from flows.slack_delivery import deliver
         from reports.slack import sweep_blocks
 
@@ -215,25 +275,7 @@ def fleet_health_check(
             text=f"Fleet health sweep: {len(changes)} change(s)",
             blocks=sweep_blocks(summary),
         )
-    log.info(
-        "%d hosts: %d drain, %d warning; %d new, %d changed, %d resolved",
-        len(results),
-        summary.count("drain"),
-        summary.count("warning"),
-        counts["new"],
-        counts["changed"],
-        counts["resolved"],
-    )
-    return SweepResult(
-        hosts=len(results),
-        verdicts={r.health.host: r.health.verdict for r in results},
-        changes=changes,
-        counts=counts,
-        report=str(path),
-        duration_s=round((ended - started).total_seconds(), 2),
-        responses=list(responses.values()),
-        flow_run_url=links.get("Prefect flow run"),
-    )
+    return path
 
 
 VERDICTS = ("drain", "warning", "healthy")

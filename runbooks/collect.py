@@ -32,7 +32,7 @@ from runbooks.remote.runner import CommandResult, CommandRunner, LocalRunner
 from runbooks.remote.ssh import SshRunner
 from runbooks.runbook import Runbook, load_runbook
 from runbooks.settings import Settings
-from runbooks.sources import NCCL_TESTS_PATH, HostSource
+from runbooks.sources import NCCL_TESTS_PATH, ContainerProbe, HostSource
 from runbooks.target import Target
 
 log = logging.getLogger(__name__)
@@ -257,7 +257,20 @@ def _collect_container(
     *,
     named: bool = False,
 ) -> None:
-    base = f"containers/{name}"
+    """Inspect, what its image tag names now, log tail and probes of one container."""
+    inspect = _collect_inspect(engine, name, writer, named=named)
+    if inspect is None:
+        return
+    _collect_image_now(engine, name, inspect, writer)
+    _collect_log(engine, name, settings, writer, runbook)
+    running = bool((inspect.get("State") or {}).get("Running"))
+    for probe in runbook.container_probes:
+        _run_probe(engine, name, probe, settings, writer, running)
+
+
+def _collect_inspect(
+    engine: DockerEngine, name: str, writer: _Writer, *, named: bool
+) -> dict[str, Any] | None:
     start = time.monotonic()
     try:
         inspect = engine.inspect(name)
@@ -265,82 +278,118 @@ def _collect_container(
         if named:  # the person named it: say which containers there are
             _report_missing(engine, name, writer)
         writer.add(SourceResult(name=f"{name}:inspect", status="error", error=str(exc)))
-        return
+        return None
     except CudamedicError as exc:
         writer.add(SourceResult(name=f"{name}:inspect", status="error", error=str(exc)))
-        return
-    writer.json(f"{base}.inspect.json", inspect)
+        return None
+    rel = f"containers/{name}.inspect.json"
+    writer.json(rel, inspect)
     writer.add(
         SourceResult(
             name=f"{name}:inspect",
-            path=f"{base}.inspect.json",
+            path=rel,
             status="ok",
             duration_s=round(time.monotonic() - start, 3),
         )
     )
+    return inspect
+
+
+def _collect_image_now(
+    engine: DockerEngine, name: str, inspect: dict[str, Any], writer: _Writer
+) -> None:
+    """What the container's image reference names now (a tag moved to another image: drift).
+    Only the identity is kept: an image's own config (its env) is not evidence we need."""
+    ref = str((inspect.get("Config") or {}).get("Image") or "")
+    if not ref or ref.startswith("sha256:") or "@" in ref:
+        return  # run by ID or digest: it cannot drift
     start = time.monotonic()
+    rel = f"containers/{name}.image.json"
+    now: dict[str, Any] = {"Ref": ref}
     try:
-        if not runbook.container_logs:
-            raise _Skip("the runbook collects no container logs")
+        image = engine.inspect_image(ref)
+        now.update({k: image.get(k) for k in ("Id", "Created", "RepoTags")})
+    except ContainerNotFound as exc:  # the tag is gone: it names no image any more
+        now.update({"Id": None, "Error": str(exc)})
+    except CudamedicError as exc:
+        writer.add(SourceResult(name=f"{name}:image", status="error", error=str(exc)))
+        return
+    writer.json(rel, now)
+    writer.add(
+        SourceResult(
+            name=f"{name}:image",
+            path=rel,
+            status="ok",
+            duration_s=round(time.monotonic() - start, 3),
+        )
+    )
+
+
+def _collect_log(
+    engine: DockerEngine, name: str, settings: Settings, writer: _Writer, runbook: Runbook
+) -> None:
+    rel = f"containers/{name}.log"
+    start = time.monotonic()
+    if not runbook.container_logs:
+        note = "the runbook collects no container logs"
+        writer.add(SourceResult(name=f"{name}:log", status="skipped", note=note))
+        return
+    try:
         data, truncated, seen = engine.logs_tail(
             name, settings.log_tail_lines, settings.log_tail_bytes
         )
-        writer.text(f"{base}.log", data)
-        writer.add(
-            SourceResult(
-                name=f"{name}:log",
-                path=f"{base}.log",
-                status="ok",
-                truncated=truncated,
-                bytes_seen=seen,
-                duration_s=round(time.monotonic() - start, 3),
-                note=(
-                    f"tail of {settings.log_tail_lines} lines; bounded to "
-                    f"{settings.log_tail_bytes} bytes"
-                    if truncated
-                    else None
-                ),
-            )
-        )
-        if truncated:
-            writer.findings.append(
-                Finding(
-                    code="log-truncated",
-                    source=f"{base}.log",
-                    severity="info",
-                    message=f"log tail was {seen} bytes; kept the newest {settings.log_tail_bytes}",
-                )
-            )
-    except _Skip as skip:
-        writer.add(SourceResult(name=f"{name}:log", status="skipped", note=str(skip)))
     except CudamedicError as exc:
         writer.add(SourceResult(name=f"{name}:log", status="error", error=str(exc)))
-    running = bool((inspect.get("State") or {}).get("Running"))
-    for probe in runbook.container_probes:
-        label = f"{name}:exec-{probe.name}"
-        rel = f"{base}.exec-{probe.name}.txt"
-        if not running:
-            writer.add(SourceResult(name=label, status="skipped", note="container is not running"))
-            continue
-        try:
-            res = engine.exec(
-                name, list(probe.argv), settings.exec_timeout, settings.output_max_bytes
-            )
-        except CudamedicError as exc:
-            writer.add(SourceResult(name=label, status="error", error=str(exc)))
-            continue
-        writer.text(rel, res.stdout + res.stderr)
-        writer.add(
-            _result_from_command(label, rel, res).model_copy(
-                update={
-                    "command": " ".join(probe.argv[:3]) if probe.name == "torch" else res.command
-                }
+        return
+    writer.text(rel, data)
+    writer.add(
+        SourceResult(
+            name=f"{name}:log",
+            path=rel,
+            status="ok",
+            truncated=truncated,
+            bytes_seen=seen,
+            duration_s=round(time.monotonic() - start, 3),
+            note=(
+                f"tail of {settings.log_tail_lines} lines; bounded to "
+                f"{settings.log_tail_bytes} bytes"
+                if truncated
+                else None
+            ),
+        )
+    )
+    if truncated:
+        writer.findings.append(
+            Finding(
+                code="log-truncated",
+                source=rel,
+                severity="info",
+                message=f"log tail was {seen} bytes; kept the newest {settings.log_tail_bytes}",
             )
         )
 
 
-class _Skip(Exception):
-    """A source the runbook leaves out."""
+def _run_probe(
+    engine: DockerEngine,
+    name: str,
+    probe: ContainerProbe,
+    settings: Settings,
+    writer: _Writer,
+    running: bool,
+) -> None:
+    label = f"{name}:exec-{probe.name}"
+    rel = f"containers/{name}.exec-{probe.name}.txt"
+    if not running:
+        writer.add(SourceResult(name=label, status="skipped", note="container is not running"))
+        return
+    try:
+        res = engine.exec(name, list(probe.argv), settings.exec_timeout, settings.output_max_bytes)
+    except CudamedicError as exc:
+        writer.add(SourceResult(name=label, status="error", error=str(exc)))
+        return
+    writer.text(rel, res.stdout + res.stderr)
+    shown = " ".join(probe.argv[:3]) if probe.name == "torch" else res.command
+    writer.add(_result_from_command(label, rel, res).model_copy(update={"command": shown}))
 
 
 def _collector_versions() -> dict[str, str]:

@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict
 
 from runbooks.bundle import LOG_FILE, Bundle
 from runbooks.evidence.dmesg import KernelLogFacts, parse_kernel_log
-from runbooks.evidence.docker_inspect import InspectFacts, parse_inspect
+from runbooks.evidence.docker_inspect import ImageNow, InspectFacts, parse_image_now, parse_inspect
 from runbooks.evidence.nccl_tests import NcclTestFacts, parse_nccl_tests
 from runbooks.evidence.nvidia_smi import (
     SmiFacts,
@@ -25,12 +25,14 @@ from runbooks.evidence.nvidia_smi import (
     parse_nvidia_smi_xml,
 )
 from runbooks.evidence.probes import (
+    CudaCache,
     DockerInfo,
     EnvReport,
     Filesystem,
     ToolkitVersion,
     TorchProbe,
     Ulimits,
+    parse_cuda_cache,
     parse_df,
     parse_docker_info,
     parse_env_report,
@@ -66,6 +68,8 @@ class ContainerFacts(BaseModel):
     has_log: bool = False
     log_tail: tuple[Line, ...] = ()  # the last lines of the container log
     inspect_lines: dict[str, Line] = {}  # "ShmSize" -> the inspect JSON line that holds it
+    image_now: ImageNow | None = None  # what the container's image tag names at collection time
+    cuda_cache: CudaCache | None = None  # `du -sk ~/.nv/ComputeCache` inside the container
 
 
 class Facts(BaseModel):
@@ -168,7 +172,14 @@ def origin_of(source: str) -> Origin:
 SALIENT_TAIL_BYTES = 1 << 20  # similar-incident search reads at most the newest 1 MiB of a log
 
 # Probe outputs that list settings (limits, env, sizes) are facts, not logs: never scanned.
-_NOT_LOGS = (".exec-ulimit.txt", ".exec-env.txt", ".exec-shm.txt", "ulimit-a.txt", "ulimit.txt")
+_NOT_LOGS = (
+    ".exec-ulimit.txt",
+    ".exec-env.txt",
+    ".exec-shm.txt",
+    ".exec-cuda-cache.txt",
+    "ulimit-a.txt",
+    "ulimit.txt",
+)
 _SMI_PROBES = (".exec-nvidia-smi.txt", "-smi-L.txt")  # nvidia-smi run inside a container
 
 
@@ -189,21 +200,50 @@ def _scan_kind(rel: str, collected: frozenset[str] = frozenset()) -> Where | Non
 
 
 def gather(bundle: Bundle) -> Facts:
+    """Every fact the judgments use, read from a bundle (never raising on what it holds)."""
     facts = Facts(findings=list(bundle.findings))
+    _read_meta(facts, bundle)
+    _read_host_files(facts, bundle)
+    for name in bundle.container_names():
+        facts.containers[name] = _container(bundle, name)
+    _read_texts(facts, bundle)
+    if LOG_FILE in bundle.names() and "log" not in facts.containers:
+        facts.containers["log"] = ContainerFacts(name="log", has_log=True)
+    return facts
+
+
+def _read_meta(facts: Facts, bundle: Bundle) -> None:
+    """bundle.json: when, the collector's findings, an SSH failure, a toolkit not found."""
     meta = bundle.meta
-    if meta is not None:
-        facts.collected_at = meta.collected_at
-        facts.findings.extend(meta.findings)
-        for src in meta.sources:
-            if src.name == "ssh" and src.status == "error":
-                facts.ssh_error = src.error
-            if (
-                src.name == "container-toolkit"
-                and src.status == "failed"
-                and src.error
-                and "not found" in src.error
-            ):
-                facts.toolkit_missing = True
+    if meta is None:
+        return
+    facts.collected_at = meta.collected_at
+    facts.findings.extend(meta.findings)
+    for src in meta.sources:
+        if src.name == "ssh" and src.status == "error":
+            facts.ssh_error = src.error
+        if (
+            src.name == "container-toolkit"
+            and src.status == "failed"
+            and src.error
+            and "not found" in src.error
+        ):
+            facts.toolkit_missing = True
+    if facts.toolkit_missing:
+        facts.findings.append(
+            Finding(
+                code="container-toolkit-not-found",
+                source="commands/container-toolkit.txt",
+                severity="warning",
+                message="neither nvidia-ctk nor nvidia-container-cli is on the "
+                "host: containers cannot be given GPUs",
+            )
+        )
+
+
+def _read_host_files(facts: Facts, bundle: Bundle) -> None:
+    """The host's structured outputs: nvidia-smi, the kernel log, nccl-tests, docker info, df,
+    uptime, the toolkit's version, lsmod, and any `ulimit -a` or `nvidia-smi topo -m`."""
     files = bundle.files
     if (text := bundle.text("nvidia-smi.txt")) is not None:
         facts.smi = parse_nvidia_smi(text)
@@ -223,16 +263,6 @@ def gather(bundle: Bundle) -> Facts:
         facts.toolkit_version = parse_toolkit_version(text, "commands/container-toolkit.txt")
     if (text := files.get("commands/lsmod-nvidia.txt")) is not None:
         facts.lsmod = text
-    if facts.toolkit_missing:
-        facts.findings.append(
-            Finding(
-                code="container-toolkit-not-found",
-                source="commands/container-toolkit.txt",
-                severity="warning",
-                message="neither nvidia-ctk nor nvidia-container-cli is on the "
-                "host: containers cannot be given GPUs",
-            )
-        )
     for rel, text in sorted(files.items()):
         # A person's `ulimit -a`, or a daemon's /proc/PID/limits, under any command name.
         if rel.startswith("commands/") and "locked memory" in text.lower():
@@ -241,8 +271,12 @@ def gather(bundle: Bundle) -> Facts:
                 facts.host_ulimits = limits
         if rel.startswith("commands/") and is_topology(text):
             facts.topology = parse_topology(text, rel)
-    for name in bundle.container_names():
-        facts.containers[name] = _container(bundle, name)
+
+
+def _read_texts(facts: Facts, bundle: Bundle) -> None:
+    """Every log-like file: signature scans, exceptions, version printouts, salient and
+    error-looking lines, each container's log tail."""
+    meta = bundle.meta
     collected = frozenset(s.path for s in meta.sources if s.path) if meta else frozenset()
     for rel in bundle.names():
         kind = _scan_kind(rel, collected)
@@ -255,29 +289,31 @@ def gather(bundle: Bundle) -> Facts:
         if kind not in ("log", "kernel", "command"):
             continue
         text = bundle.text(rel)  # once per file (a large log: its newest 16 MiB)
-        if not text:
-            continue
-        if kind != "kernel":
-            if kind == "log":
-                facts.exceptions.extend(python_exceptions(text, rel))
-            report = parse_env_report(text, rel)
-            if report.said_anything:
-                facts.env_reports.append(report)
-        recent = _newest(text) if rel in bundle.large else text
-        # What cudamedic's own probes printed is not the incident's text (see Origin).
-        if len(facts.salient) < 4 * MAX_SALIENT_LINES and origin_of(rel) != "probe":
-            facts.salient.extend(salient_lines(recent))
-        if kind == "kernel":
-            continue
-        cited = _cited(recent, rel, scan.lines)
-        facts.errorish.extend([ln for ln in cited if ERRORISH.search(ln.text)][-2:])
-        if rel.endswith(".log") and rel.startswith("containers/"):
-            name = rel.removeprefix("containers/").removesuffix(".log")
-            if name in facts.containers:
-                facts.containers[name].log_tail = tuple(cited[-5:])
-    if LOG_FILE in bundle.names() and "log" not in facts.containers:
-        facts.containers["log"] = ContainerFacts(name="log", has_log=True)
-    return facts
+        if text:
+            _read_text(facts, bundle, rel, kind, text, scan)
+
+
+def _read_text(
+    facts: Facts, bundle: Bundle, rel: str, kind: Where, text: str, scan: ScanResult
+) -> None:
+    if kind != "kernel":
+        if kind == "log":
+            facts.exceptions.extend(python_exceptions(text, rel))
+        report = parse_env_report(text, rel)
+        if report.said_anything:
+            facts.env_reports.append(report)
+    recent = _newest(text) if rel in bundle.large else text
+    # What cudamedic's own probes printed is not the incident's text (see Origin).
+    if len(facts.salient) < 4 * MAX_SALIENT_LINES and origin_of(rel) != "probe":
+        facts.salient.extend(salient_lines(recent))
+    if kind == "kernel":
+        return
+    cited = _cited(recent, rel, scan.lines)
+    facts.errorish.extend([ln for ln in cited if ERRORISH.search(ln.text)][-2:])
+    if rel.endswith(".log") and rel.startswith("containers/"):
+        name = rel.removeprefix("containers/").removesuffix(".log")
+        if name in facts.containers:
+            facts.containers[name].log_tail = tuple(cited[-5:])
 
 
 def _newest(text: str) -> str:
@@ -339,6 +375,10 @@ def _container(bundle: Bundle, name: str) -> ContainerFacts:
         facts.smi = parse_nvidia_smi(text, f"{base}.exec-nvidia-smi.txt")
     if (text := bundle.files.get(f"{base}.exec-nvidia-smi-L.txt")) is not None:
         facts.gpu_list = tuple(ln for ln in text.splitlines() if ln.startswith("GPU "))
+    if (text := bundle.files.get(f"{base}.image.json")) is not None:
+        facts.image_now = parse_image_now(text)
+    if (text := bundle.files.get(f"{base}.exec-cuda-cache.txt")) is not None:
+        facts.cuda_cache = parse_cuda_cache(text, f"{base}.exec-cuda-cache.txt")
     if (text := bundle.files.get(f"{base}.exec-env.txt")) is not None:
         facts.env_probe = dict(
             ln.split("=", 1) for ln in text.splitlines() if "=" in ln and not ln.startswith("#")

@@ -23,11 +23,14 @@ from collections.abc import Iterable, Mapping
 from typing import Literal
 
 from runbooks import knowledge
-from runbooks.facts import Facts
+from runbooks.facts import ContainerFacts, Facts
 from runbooks.judgments import (
     MIB,
+    ImageDrift,
     cuda_beyond_driver,
+    cuda_cache_growth_kib,
     ecc_tripped,
+    image_drift,
     in_window,
     memlock_low,
     shm_size,
@@ -42,6 +45,7 @@ from runbooks.taxonomy import Incident
 Verdict = Literal["healthy", "warning", "drain"]
 Level = Literal["warning", "drain"]
 _RANK: dict[str, int] = {"healthy": 0, "warning": 1, "drain": 2}
+MEASURE = "measure:"  # a stored measure, not a finding: "measure:cuda-cache@train" -> {value}
 
 
 class HealthFinding(Frozen):
@@ -67,6 +71,8 @@ class HostHealth(Frozen):
     toolkit: str | None = None
     bundle: str | None = None
     error: str | None = None  # the host could not be checked (unreachable, timed out)
+    # what a later sweep compares against: "cuda-cache@CONTAINER" -> KiB
+    measures: dict[str, int] = {}
 
 
 def verdict_of(findings: Iterable[HealthFinding]) -> Verdict:
@@ -127,7 +133,44 @@ def check_host(
         driver=driver,
         toolkit=facts.toolkit.splitlines()[0][:120] if facts.toolkit else None,
         bundle=bundle,
+        measures=_measures(facts),
     )
+
+
+def _measures(facts: Facts) -> dict[str, int]:
+    return {
+        f"cuda-cache@{name}": c.cuda_cache.kib
+        for name, c in sorted(facts.containers.items())
+        if c.cuda_cache is not None and c.cuda_cache.kib is not None
+    }
+
+
+def with_history(
+    h: HostHealth, before: Mapping[str, Mapping[str, str]], t: Thresholds
+) -> HostHealth:
+    """The judgments that need the previous sweep of this host (`before`, as `snapshot` stored
+    it): a container's CUDA JIT cache that keeps growing."""
+    extra = []
+    for key, kib in sorted(h.measures.items()):
+        name = key.removeprefix("cuda-cache@")
+        old = before.get(MEASURE + key, {}).get("value", "")
+        grown = cuda_cache_growth_kib(int(old) if old.isdigit() else None, kib, t)
+        if grown:
+            extra.append(
+                HealthFinding(
+                    code="container-cuda-cache-growing",
+                    level="warning",
+                    subject=name,
+                    message=f"{name}: the CUDA JIT cache grew {grown // 1024} MiB since the last "
+                    f"sweep (now {kib // 1024} MiB): kernels are being compiled from PTX at run "
+                    "time; an image with native code for this GPU (its sm_XX in the build's "
+                    "arch list) starts without that cost",
+                )
+            )
+    if not extra:
+        return h
+    findings = tuple(sorted((*h.findings, *extra), key=lambda f: (-_RANK[f.level], f.code)))
+    return h.model_copy(update={"findings": findings, "verdict": verdict_of(findings)})
 
 
 def _driver(facts: Facts, status: Mapping[str, str]) -> list[HealthFinding]:
@@ -320,6 +363,8 @@ def _containers(facts: Facts, t: Thresholds) -> list[HealthFinding]:
         for m in cuda_beyond_driver(facts)
     ]
     for name, c in sorted(facts.containers.items()):
+        if (drift := image_drift(c)) is not None:
+            out.append(_drift_finding(drift, c))
         ins = c.inspect
         if ins is None or not ins.wants_gpu:
             continue
@@ -333,48 +378,75 @@ def _containers(facts: Facts, t: Thresholds) -> list[HealthFinding]:
                     evidence=tuple(ln for ln in [c.inspect_lines.get("DeviceRequests")] if ln),
                 )
             )
-        probe = c.torch
-        if (
-            probe is not None
-            and probe.present
-            and probe.is_available is False
-            and (ins.has_gpu_access or probe.cpu_only)  # else: container-no-gpu-request
-        ):
-            cpu_only = probe.cpu_only
+        out += _torch_probe(c)
+        out += _launch_limits(c, t)
+    return out
+
+
+def _drift_finding(d: ImageDrift, c: ContainerFacts) -> HealthFinding:
+    now = f"now names {d.now[:19]}" if d.now else "names no image any more"
+    return HealthFinding(
+        code="container-image-drift",
+        level="warning",
+        subject=d.container,
+        message=f"{d.container} runs {d.running[:19]} but its tag {d.ref} {now}: a restart "
+        "keeps the old build, a recreate or a new node takes the other",
+        evidence=tuple(ln for ln in [c.inspect_lines.get("Image")] if ln),
+    )
+
+
+def _torch_probe(c: ContainerFacts) -> list[HealthFinding]:
+    """`torch.cuda.is_available()` inside a container that has (or needs no) GPU request."""
+    probe, ins = c.torch, c.inspect
+    if (
+        ins is None
+        or probe is None
+        or not probe.present
+        or probe.is_available is not False
+        or not (ins.has_gpu_access or probe.cpu_only)  # else: container-no-gpu-request
+    ):
+        return []
+    cpu_only = probe.cpu_only
+    return [
+        HealthFinding(
+            code="container-torch-cpu-only" if cpu_only else "container-cuda-unavailable",
+            level="warning",
+            subject=c.name,
+            message=f"{c.name}: torch.cuda.is_available() is False (torch {probe.torch}, "
+            f"CUDA {probe.cuda}{'; a build without CUDA' if cpu_only else ''})",
+            evidence=(probe.line,) if probe.line else (),
+        )
+    ]
+
+
+def _launch_limits(c: ContainerFacts, t: Thresholds) -> list[HealthFinding]:
+    """/dev/shm and (for RDMA users) memlock: the launch flags a recreate can fix."""
+    out = []
+    if shm_small(c, t):
+        size = shm_size(c)
+        out.append(
+            HealthFinding(
+                code="container-shm-small",
+                level="warning",
+                subject=c.name,
+                message=f"{c.name}: /dev/shm is {size // MIB} MiB (< {t.shm_min_mib} MiB for "
+                "multi-worker DataLoaders)",
+                evidence=tuple(ln for ln in [c.inspect_lines.get("ShmSize")] if ln),
+            )
+        )
+    ins = c.inspect
+    if ins is not None and t.memlock_for_rdma and uses_rdma(ins.env, ins.devices):
+        memlock = c.ulimits.memlock_kb if c.ulimits is not None else None
+        if memlock_low(memlock, t):
             out.append(
                 HealthFinding(
-                    code="container-torch-cpu-only" if cpu_only else "container-cuda-unavailable",
+                    code="container-memlock-low",
                     level="warning",
-                    subject=name,
-                    message=f"{name}: torch.cuda.is_available() is False (torch {probe.torch}, "
-                    f"CUDA {probe.cuda}{'; a build without CUDA' if cpu_only else ''})",
-                    evidence=(probe.line,) if probe.line else (),
+                    subject=c.name,
+                    message=f"{c.name} uses RDMA but its memlock limit is {memlock} KiB "
+                    f"(< {t.memlock_min_kb} KiB; unlimited is usual)",
                 )
             )
-        if shm_small(c, t):
-            size = shm_size(c)
-            out.append(
-                HealthFinding(
-                    code="container-shm-small",
-                    level="warning",
-                    subject=name,
-                    message=f"{name}: /dev/shm is {size // MIB} MiB (< {t.shm_min_mib} MiB for "
-                    "multi-worker DataLoaders)",
-                    evidence=tuple(ln for ln in [c.inspect_lines.get("ShmSize")] if ln),
-                )
-            )
-        if t.memlock_for_rdma and uses_rdma(ins.env, ins.devices):
-            memlock = c.ulimits.memlock_kb if c.ulimits is not None else None
-            if memlock_low(memlock, t):
-                out.append(
-                    HealthFinding(
-                        code="container-memlock-low",
-                        level="warning",
-                        subject=name,
-                        message=f"{name} uses RDMA but its memlock limit is {memlock} KiB "
-                        f"(< {t.memlock_min_kb} KiB; unlimited is usual)",
-                    )
-                )
     return out
 
 
@@ -429,6 +501,10 @@ _INCIDENT_OF: dict[str, Incident] = {
     # the probe alone does not name (driver-too-old, when the versions show it, is reported too).
     "container-cuda-unavailable": Incident.UNKNOWN,
     "container-memlock-low": Incident.MEMLOCK_LIMIT,
+    # Worth knowing, but no incident: the workload still runs (drift: two builds under one tag;
+    # a growing JIT cache: slow starts).
+    "container-image-drift": Incident.UNKNOWN,
+    "container-cuda-cache-growing": Incident.UNKNOWN,
     "disk-full": Incident.DISK_FULL,
     "nccl-bandwidth-low": Incident.NCCL_SLOW_TRANSPORT,
 }
@@ -464,8 +540,16 @@ def snapshot(health: Iterable[HostHealth]) -> dict[str, dict[str, dict[str, str]
     """What a sweep saw, as stored between sweeps: host -> finding key -> {level, message...}."""
     return {
         h.host: {
-            f.key: {"code": f.code, "subject": f.subject, "level": f.level, "message": f.message}
-            for f in h.findings
+            **{
+                f.key: {
+                    "code": f.code,
+                    "subject": f.subject,
+                    "level": f.level,
+                    "message": f.message,
+                }
+                for f in h.findings
+            },
+            **{MEASURE + key: {"value": str(value)} for key, value in h.measures.items()},
         }
         for h in health
     }
@@ -485,7 +569,7 @@ def diff(
     Hosts absent from `after` (not swept this time) keep their old state: nothing is resolved."""
     out: list[HostChange] = []
     for host in sorted(after):
-        old, new = before.get(host, {}), after[host]
+        old, new = _findings(before.get(host, {})), _findings(after[host])
         for key in sorted(new):
             entry = new[key]
             level = entry.get("level")
@@ -518,6 +602,10 @@ def diff(
                 )
             )
     return out
+
+
+def _findings(entries: Mapping[str, Mapping[str, str]]) -> dict[str, Mapping[str, str]]:
+    return {k: v for k, v in entries.items() if not k.startswith(MEASURE)}
 
 
 def _message_changed(old: Mapping[str, str], new: Mapping[str, str]) -> bool:

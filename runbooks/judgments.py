@@ -232,3 +232,34 @@ def node_interconnect(topology: Topology | None) -> str | None:
     if not any(kinds):
         return "pcie"
     return None
+
+
+# -- image drift and the CUDA JIT cache -----------------------------------------------------------
+class ImageDrift(Frozen):
+    container: str
+    ref: str  # the tag the container was started from
+    running: str  # the image ID it runs
+    now: str | None  # the image ID the tag names now (None: the tag is gone)
+
+
+def image_drift(c: ContainerFacts) -> ImageDrift | None:
+    """Does the container's image tag now name another image than the one it runs? A restart
+    keeps the old image; a recreate (or a new node) takes the new one: the fleet runs two builds
+    under one name."""
+    if c.inspect is None or c.image_now is None or not c.inspect.image_id:
+        return None
+    if c.image_now.ref != c.inspect.image or c.image_now.id == c.inspect.image_id:
+        return None
+    return ImageDrift(
+        container=c.name, ref=c.image_now.ref, running=c.inspect.image_id, now=c.image_now.id
+    )
+
+
+def cuda_cache_growth_kib(before_kib: int | None, now_kib: int | None, t: Thresholds) -> int:
+    """How much a container's CUDA JIT cache grew since the last sweep, when that is at least
+    `cuda_cache_growth_mib` (else 0). A cache that keeps growing means kernels are compiled
+    from PTX at every start: the image has no native code for this GPU."""
+    if before_kib is None or now_kib is None:
+        return 0
+    grown = now_kib - before_kib
+    return grown if grown >= t.cuda_cache_growth_mib * 1024 else 0

@@ -54,6 +54,8 @@ class Thresholds(_Strict):
         "sw_thermal_slowdown",
     )
     straggler_ratio: float = Field(default=0.8, gt=0, le=1)  # GPU clock under ratio x median
+    # a container's CUDA JIT cache (~/.nv/ComputeCache) that grew this much since the last sweep
+    cuda_cache_growth_mib: int = Field(default=64, ge=1)
     memlock_for_rdma: bool = True  # flag RDMA containers without an unlimited memlock
     # NVIDIA Container Toolkit (nvidia-ctk / nvidia-container-cli --version): warning below
     toolkit_min_version: str = Field(default="1.13", pattern=r"^\d+(\.\d+){0,2}$")

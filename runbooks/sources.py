@@ -83,6 +83,12 @@ BUILTIN_PROBES: dict[str, ContainerProbe] = {
             ),
         ),
         ContainerProbe(name="nvidia-smi-L", argv=("nvidia-smi", "-L")),
+        # The CUDA JIT cache: PTX compiled for a GPU the image has no native code for lands
+        # here; a cache that grows sweep after sweep means every start pays for that compile.
+        ContainerProbe(
+            name="cuda-cache",
+            argv=("sh", "-c", 'du -sk "${CUDA_CACHE_PATH:-$HOME/.nv/ComputeCache}" 2>&1'),
+        ),
     )
 }
 

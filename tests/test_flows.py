@@ -391,6 +391,59 @@ def test_sweep_sees_container_flags_and_their_resolution(
     ), third.stdout
 
 
+def test_sweep_sees_image_drift_and_a_cuda_cache_that_keeps_growing(
+    env: dict[str, str], container_name: str, gpu_engine: docker.DockerClient
+) -> None:
+    """Issue 16's checklist, on the real engine: a container whose tag was moved to another image
+    (`docker commit` onto the same tag) is drift; its `~/.nv/ComputeCache` (busybox `du -sk` in
+    the container) growing 80 MiB between two sweeps is a finding, which resolves once it stops."""
+    from tests.lab.lab import IMAGE
+
+    ref = f"{container_name}-img:v1"
+    gpu_engine.images.get(IMAGE).tag(ref)
+    c = gpu_engine.containers.run(
+        ref,
+        ["sh", "-c", "mkdir -p /root/.nv/ComputeCache && sleep 3600"],
+        name=container_name,
+        detach=True,
+        network_mode="none",
+        shm_size="1g",
+        device_requests=GPUS_ALL,
+    )
+    cache = "/root/.nv/ComputeCache"
+
+    def grow(name: str, mib: int) -> None:
+        res = c.exec_run(["dd", "if=/dev/zero", f"of={cache}/{name}", "bs=1048576", f"count={mib}"])
+        assert res.exit_code == 0, res.output
+
+    try:
+        grow("a", 8)
+        first = cudamedic(env, "sweep", "--host", "gpu-healthy")
+        assert first.returncode == 0, first.stdout + first.stderr
+        mine = [k for h, k in changes(first.stdout, "new") if container_name in k]
+        assert mine == [], first.stdout  # one measure is no growth; the tag still names it
+        c.commit(repository=ref.split(":")[0], tag="v1")  # the tag moves to a new image
+        grow("b", 80)
+        second = cudamedic(env, "sweep", "--host", "gpu-healthy")
+        assert second.returncode == 0, second.stdout + second.stderr
+        assert ("gpu-healthy", f"container-image-drift@{container_name}") in changes(
+            second.stdout, "new"
+        ), second.stdout
+        assert ("gpu-healthy", f"container-cuda-cache-growing@{container_name}") in changes(
+            second.stdout, "new"
+        ), second.stdout
+        assert re.search(rf"{container_name}: the CUDA JIT cache grew 8\d MiB", second.stdout)
+        assert re.search(rf"{container_name} runs sha256:\w+ but its tag {ref}", second.stdout)
+        third = cudamedic(env, "sweep", "--host", "gpu-healthy")
+        assert ("gpu-healthy", f"container-cuda-cache-growing@{container_name}") in changes(
+            third.stdout, "resolved"
+        ), third.stdout
+        assert not [k for h, k in changes(third.stdout, "new") if container_name in k]
+    finally:
+        c.remove(force=True)
+        gpu_engine.images.remove(ref, force=True)
+
+
 def test_sweep_survives_an_unreachable_host_and_garbage_inventory(
     env: dict[str, str], tmp_path: Path, lab: LabState
 ) -> None:

@@ -191,7 +191,8 @@ def test_packaged_runbooks_load() -> None:
     sweep = load_runbook(None, "sweep")
     assert incident.kind == "incident" and sweep.kind == "sweep"
     assert {s.name for s in incident.host_sources} >= {"nvidia-smi", "kernel-log", "uptime"}
-    assert [p.name for p in sweep.container_probes] == ["ulimit", "shm"]
+    assert [p.name for p in sweep.container_probes] == ["ulimit", "shm", "cuda-cache"]
+    assert "nvidia-topo" in {s.name for s in sweep.host_sources}
     assert sweep.thresholds.shm_min_mib == 1024
 
 

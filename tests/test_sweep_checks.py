@@ -5,10 +5,14 @@ left alone by a healthy one, from the bundle files through `gather` -> `check_ho
 from __future__ import annotations
 
 import shutil
+import subprocess
 from pathlib import Path
+
+import pytest
 
 from runbooks.bundle import open_bundle
 from runbooks.classify import diagnose
+from runbooks.evidence.probes import parse_cuda_cache
 from runbooks.facts import Facts, gather
 from runbooks.health import HostHealth, check_host, incident_of
 from runbooks.runbook import Thresholds
@@ -149,3 +153,71 @@ def test_interconnect_is_read_from_the_nodes_topology(tmp_path: Path) -> None:
     assert node_interconnect(nvlink.topology) == "nvlink"
     assert node_interconnect(pcie.topology) == "pcie"
     assert node_interconnect(None) is None
+
+
+# -- 7. the CUDA JIT cache (`du -sk ~/.nv/ComputeCache`) and image drift --------------------------
+@pytest.mark.parametrize("du", ["du", "busybox du"])
+def test_the_cuda_cache_probe_reads_real_du_output(tmp_path: Path, du: str) -> None:
+    """GNU and busybox `du -sk` run here, on a cache of 3 MiB and on a missing one: the size in
+    KiB, and 0 for "No such file or directory" (no cache yet), never an error."""
+    cache = tmp_path / ".nv" / "ComputeCache"
+    cache.mkdir(parents=True)
+    (cache / "entry").write_bytes(b"\1" * (3 << 20))
+    argv = [*du.split(), "-sk"]
+    if du.startswith("busybox") and shutil.which("busybox") is None:
+        pytest.fail("busybox is part of the lab (bootstrap installs busybox-static)")
+    found = subprocess.run([*argv, str(cache)], capture_output=True, text=True, check=False)
+    missing = subprocess.run(
+        [*argv, str(tmp_path / "none")], capture_output=True, text=True, check=False
+    )
+    size = parse_cuda_cache(found.stdout + found.stderr)
+    assert size.kib is not None and 3072 <= size.kib < 3200, found.stdout
+    assert size.path == str(cache) and size.line is not None
+    gone = parse_cuda_cache(missing.stdout + missing.stderr)
+    assert missing.returncode != 0 and gone.kib == 0, missing.stderr
+    assert parse_cuda_cache("sh: du: not found").kib is None
+
+
+def test_a_growing_cuda_cache_is_judged_against_the_last_sweep() -> None:
+    """The measure is stored with the sweep's state, compared at the next one, and the
+    threshold comes from the runbook."""
+    from runbooks.health import HostHealth, snapshot, with_history
+
+    def host(kib: int) -> HostHealth:
+        return HostHealth(host="h1", verdict="healthy", measures={"cuda-cache@train": kib})
+
+    before = snapshot([host(10 * 1024)])["h1"]
+    grown = with_history(host(90 * 1024), before, Thresholds())
+    assert grown.verdict == "warning"
+    assert [f.key for f in grown.findings] == ["container-cuda-cache-growing@train"]
+    assert "grew 80 MiB" in grown.findings[0].message
+    assert with_history(host(90 * 1024), before, Thresholds(cuda_cache_growth_mib=100)).verdict == (
+        "healthy"
+    )
+    assert with_history(host(90 * 1024), {}, Thresholds()).verdict == "healthy"  # first sweep
+
+
+def test_a_moved_tag_is_drift_and_a_tag_that_still_names_the_image_is_not(
+    tmp_path: Path,
+) -> None:
+    """containers/NAME.image.json as the collector writes it from the Engine API."""
+    import json
+
+    running = "sha256:" + "a" * 64
+    base = {
+        "Name": "/train",
+        "Image": running,
+        "Config": {"Image": "train:latest"},
+        "HostConfig": {"ShmSize": 1 << 30},
+        "State": {"Running": True},
+    }
+    for now, drift in ((running, False), ("sha256:" + "b" * 64, True), (None, True)):
+        bundle = tmp_path / str(now)
+        (bundle / "containers").mkdir(parents=True)
+        (bundle / "containers" / "train.inspect.json").write_text(json.dumps(base))
+        (bundle / "containers" / "train.image.json").write_text(
+            json.dumps({"Ref": "train:latest", "Id": now})
+        )
+        with open_bundle(bundle) as b:
+            h = check_host("h1", gather(b), Thresholds())
+        assert ("container-image-drift@train" in keys(h)) is drift, h.findings

@@ -268,3 +268,31 @@ def _image_cuda(image: str, env: dict[str, str]) -> str | None:
         return f"{match.group(1)}.{match.group(2)}"
     digits = match.group(3)
     return f"{digits[:-1]}.{digits[-1]}"
+
+
+class ImageNow(Frozen):
+    """What a container's image reference (``Config.Image``, e.g. ``train:latest``) names now,
+    from ``containers/NAME.image.json``: the Engine API's image inspect of that reference at
+    collection time, trimmed to ``{"Ref", "Id", "Created", "RepoTags", "Error"}``."""
+
+    ref: str = ""
+    id: str | None = None  # None: the reference no longer names any image
+    created: str = ""
+    error: str = ""
+
+
+def parse_image_now(text: str) -> ImageNow | None:
+    """Never raises: anything but a JSON object with a string ``Ref`` is None."""
+    try:
+        data = json.loads(text)
+    except (ValueError, RecursionError):
+        return None
+    if not isinstance(data, dict) or not isinstance(data.get("Ref"), str):
+        return None
+    ident = data.get("Id")
+    return ImageNow(
+        ref=data["Ref"][:300],
+        id=ident if isinstance(ident, str) and ident else None,
+        created=str(data.get("Created") or "")[:40],
+        error=str(data.get("Error") or "")[:300],
+    )

@@ -7,6 +7,8 @@
   ``max locked memory       (kbytes, -l) 64``.
 - ``containers/NAME.exec-shm.txt`` and ``commands/df.txt``: ``df -h`` tables, e.g.
   ``shm   64M   0   64M   0% /dev/shm``.
+- ``containers/NAME.exec-cuda-cache.txt``: ``du -sk`` of the CUDA JIT cache, e.g.
+  ``5120	/root/.nv/ComputeCache``, or du's "No such file or directory" (no cache yet).
 - ``docker-info.json``: runtimes, default runtime, server version.
 All pure, never raising: odd input gives empty facts plus a finding.
 """
@@ -414,3 +416,28 @@ def version_tuple(version: str) -> tuple[int, ...]:
     """ "1.13" -> (1, 13); "1.12.0" -> (1, 12, 0); text after the numbers is ignored."""
     m = re.match(r"\s*v?(\d+(?:\.\d+)*)", version)
     return tuple(int(p) for p in m.group(1).split(".")) if m else ()
+
+
+class CudaCache(Frozen):
+    """The size of a container's CUDA JIT cache (``~/.nv/ComputeCache``); 0 when there is none."""
+
+    kib: int | None = None  # None: du's answer was not understood
+    path: str = ""
+    line: Line | None = None
+
+
+_DU = re.compile(r"^(\d+)\s+(\S.*)$")
+
+
+def parse_cuda_cache(text: str, source: str = "containers/exec-cuda-cache.txt") -> CudaCache:
+    """``du -sk PATH``: its size; "No such file or directory" (GNU or busybox wording) is an empty
+    cache. Anything else (permission denied, no du) leaves the size unknown."""
+    for n, raw in enumerate(text.splitlines(), 1):
+        line = raw.strip()
+        if m := _DU.match(line):
+            return CudaCache(
+                kib=int(m.group(1)), path=m.group(2), line=Line(source=source, line=n, text=line)
+            )
+        if "No such file or directory" in line:
+            return CudaCache(kib=0, line=Line(source=source, line=n, text=line))
+    return CudaCache()

@@ -253,6 +253,7 @@ rc="$(cat "$D/nvidia-smi.rc" 2>/dev/null || echo 0)"
 case "$*" in
   "-L") f="$D/nvidia-smi-L.txt" ;;
   "-q -x") f="$D/nvidia-smi.xml" ;;
+  "topo -m") f="$D/nvidia-smi-topo.txt" ;;
   *) f="$D/nvidia-smi.txt" ;;
 esac
 # A failing driver prints the same error whatever is asked; a missing recording prints nothing.
@@ -303,16 +304,29 @@ def _make_recent(path: Path, age_s: float) -> None:
     path.write_text("".join(moved(ln) for ln in lines))
 
 
-def _write_host_scenario(home: Path, scenario: Scenario) -> Path:
-    data, bindir = home / "data", home / "bin"
-    data.mkdir(parents=True, exist_ok=True)
-    bindir.mkdir(parents=True, exist_ok=True)
-    for dest, fixture in scenario.files.items():
-        shutil.copyfile(FIXTURES / fixture, data / dest)
-    for dest, text in scenario.literal.items():
-        (data / dest).write_text(text)
-    if "dmesg.recent" in scenario.literal and (data / "dmesg.txt").exists():
-        _make_recent(data / "dmesg.txt", float(scenario.literal["dmesg.recent"]))
+def _refresh_scenarios(state: LabState) -> None:
+    """A lab started by older code gets the recordings and command scripts added since: missing
+    data files are copied and changed scripts replaced (atomically: a running test may be reading
+    them). Existing data files are left alone: tests edit them."""
+    for host in state.hosts.values():
+        scenario = SCENARIOS.get(host.scenario)
+        if scenario is None:
+            continue
+        data = Path(host.data)
+        for dest, fixture in scenario.files.items():
+            if not (data / dest).exists():
+                shutil.copyfile(FIXTURES / fixture, data / dest)
+        for name, text in _scripts(scenario).items():
+            path, want = data.parent / "bin" / name, text.format(data=data, scenario=scenario.name)
+            if not path.exists() or path.read_text() != want:
+                tmp = path.with_suffix(".new")
+                tmp.write_text(want)
+                tmp.chmod(0o755)
+                os.replace(tmp, path)
+
+
+def _scripts(scenario: Scenario) -> dict[str, str]:
+    """The fake commands of a simulated host: name -> script template."""
     scripts = {
         "nvidia-smi": _NVIDIA_SMI,
         "dmesg": _DMESG,
@@ -325,7 +339,20 @@ def _write_host_scenario(home: Path, scenario: Scenario) -> Path:
             scripts[tool] = _CAT.replace("{file}", f"{tool}.txt")
     if "lsmod.txt" in scenario.files:
         scripts["lsmod"] = _CAT.replace("{file}", "lsmod.txt")
-    for name, text in scripts.items():
+    return scripts
+
+
+def _write_host_scenario(home: Path, scenario: Scenario) -> Path:
+    data, bindir = home / "data", home / "bin"
+    data.mkdir(parents=True, exist_ok=True)
+    bindir.mkdir(parents=True, exist_ok=True)
+    for dest, fixture in scenario.files.items():
+        shutil.copyfile(FIXTURES / fixture, data / dest)
+    for dest, text in scenario.literal.items():
+        (data / dest).write_text(text)
+    if "dmesg.recent" in scenario.literal and (data / "dmesg.txt").exists():
+        _make_recent(data / "dmesg.txt", float(scenario.literal["dmesg.recent"]))
+    for name, text in _scripts(scenario).items():
         path = bindir / name
         path.write_text(text.format(data=data, scenario=scenario.name))
         path.chmod(0o755)
@@ -395,6 +422,7 @@ def up(directory: Path | None = None) -> LabState:
     root = directory or lab_dir()
     existing = LabState.load(root)
     if existing and existing.alive():
+        _refresh_scenarios(existing)
         return existing
     if existing:
         down(existing)

@@ -24,6 +24,7 @@ class Scenario:
 _H100 = {
     "nvidia-smi.txt": "nvidia-smi/h100-sxm-8gpu.txt",
     "nvidia-smi-L.txt": "nvidia-smi/list-h100-8gpu.txt",
+    "nvidia-smi-topo.txt": "nvidia-smi-topo/h100-8gpu-nv18.txt",
     "lsmod.txt": "host-commands/lsmod-nvidia-peermem.txt",
     # The toolkit's hook binary answers --version (1.17.8); no nvidia-ctk on these hosts.
     "nvidia-container-toolkit.txt": "host-commands/nvidia-container-toolkit-version.txt",
