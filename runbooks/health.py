@@ -19,10 +19,11 @@ it is evidence of (`incident`), the same id a diagnosis of the same facts uses;
 from __future__ import annotations
 
 import statistics
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Literal
 
 from runbooks import knowledge
+from runbooks.evidence.nvidia_smi import XmlGpu
 from runbooks.facts import ContainerFacts, Facts
 from runbooks.judgments import (
     MIB,
@@ -305,26 +306,103 @@ def _thermal(facts: Facts, t: Thresholds) -> list[HealthFinding]:
 
 
 def _stragglers(facts: Facts, t: Thresholds) -> list[HealthFinding]:
-    """A GPU whose SM clock sits far under its busy peers' median (needs 3+ busy GPUs)."""
+    """GPUs that stand out from the OTHER GPUs of the same node, one warning per kind and GPU:
+    SM clock (busy GPUs), temperature (busy against busy, idle against idle), throttle reasons
+    active on fewer than half of the GPUs, a PCIe link narrower than its peers', a PCIe
+    generation under its busy peers' (idle GPUs drop it to save power: not judged). Each needs
+    `straggler_min_gpus` GPUs to compare."""
     if facts.smi_xml is None:
         return []
-    busy = [
-        g for g in facts.smi_xml.gpus if g.sm_clock_mhz and (g.utilization_gpu_percent or 0) >= 50
-    ]
-    if len(busy) < 3:
-        return []
-    median = statistics.median(g.sm_clock_mhz or 0 for g in busy)
-    return [
-        HealthFinding(
-            code="gpu-straggler",
-            level="warning",
-            subject=g.bus_id or f"gpu{g.position}",
-            message=f"SM clock {g.sm_clock_mhz} MHz under {t.straggler_ratio:g} x the node "
-            f"median {median:g} MHz",
+    gpus = list(facts.smi_xml.gpus)
+    busy = [g for g in gpus if (g.utilization_gpu_percent or 0) >= t.straggler_busy_pct]
+    idle = [g for g in gpus if g not in busy]
+    out = [
+        _straggler(
+            "gpu-straggler",
+            g,
+            f"SM clock {v} MHz under {t.straggler_ratio:g} x the "
+            f"median {m:g} MHz of the node's {n} other busy GPUs",
         )
-        for g in busy
-        if (g.sm_clock_mhz or 0) < t.straggler_ratio * median
+        for g, v, m, n in _against_peers(busy, lambda g: g.sm_clock_mhz or None, t)
+        if v < t.straggler_ratio * m
     ]
+    for group, state in ((busy, "busy"), (idle, "idle")):
+        out += [
+            _straggler(
+                "gpu-straggler-temp",
+                g,
+                f"{v} C, more than {t.straggler_temp_delta_c} C "
+                f"above the median {m:g} C of the node's {n} other {state} GPUs",
+            )
+            for g, v, m, n in _against_peers(group, lambda g: g.temperature_c, t)
+            if v > m + t.straggler_temp_delta_c
+        ]
+    out += [
+        _straggler(
+            "gpu-straggler-pcie-width",
+            g,
+            f"PCIe link x{v} (the GPU can do "
+            f"x{g.pcie_width_max or '?'}), narrower than the x{m:g} median of the "
+            f"node's {n} other GPUs",
+        )
+        for g, v, m, n in _against_peers(gpus, lambda g: g.pcie_width, t)
+        if v < m
+    ]
+    out += [
+        _straggler(
+            "gpu-straggler-pcie-gen",
+            g,
+            f"PCIe gen {v} while busy (the GPU can do gen "
+            f"{g.pcie_gen_max or '?'}), under the gen {m:g} median of the node's {n} "
+            "other busy GPUs",
+        )
+        for g, v, m, n in _against_peers(busy, lambda g: g.pcie_gen, t)
+        if v < m
+    ]
+    return out + _throttled_minority(gpus, t)
+
+
+def _against_peers(
+    group: list[XmlGpu], value: Callable[[XmlGpu], int | None], t: Thresholds
+) -> list[tuple[XmlGpu, int, float, int]]:
+    """(GPU, its value, the median of the others' values, how many others) for each GPU of
+    `group` with a value, when at least `straggler_min_gpus` GPUs have one."""
+    known = [(g, v) for g in group if (v := value(g)) is not None]
+    if len(known) < t.straggler_min_gpus:
+        return []
+    return [
+        (g, v, statistics.median(w for h, w in known if h is not g), len(known) - 1)
+        for g, v in known
+    ]
+
+
+def _throttled_minority(gpus: list[XmlGpu], t: Thresholds) -> list[HealthFinding]:
+    """`throttle_reasons` active on fewer than half of the node's GPUs while the others run
+    free of them (on all or half of them it is the node's cooling or power, not one GPU)."""
+    active = {
+        id(g): sorted(r for r in g.clock_event_reasons_active if r in t.throttle_reasons)
+        for g in gpus
+    }
+    held = [g for g in gpus if active[id(g)]]
+    if len(gpus) < t.straggler_min_gpus or not held or 2 * len(held) >= len(gpus):
+        return []
+    free = len(gpus) - len(held)
+    return [
+        _straggler(
+            "gpu-straggler-throttle",
+            g,
+            f"{', '.join(active[id(g)])} active while "
+            f"{free} of the node's {len(gpus) - 1} other GPUs run without any of "
+            f"{', '.join(t.throttle_reasons)}",
+        )
+        for g in held
+    ]
+
+
+def _straggler(code: str, gpu: XmlGpu, message: str) -> HealthFinding:
+    return HealthFinding(
+        code=code, level="warning", subject=gpu.bus_id or f"gpu{gpu.position}", message=message
+    )
 
 
 def _toolkit(facts: Facts) -> list[HealthFinding]:
@@ -491,6 +569,10 @@ _INCIDENT_OF: dict[str, Incident] = {
     "gpu-throttled": Incident.GPU_HARDWARE_FAULT,
     "gpu-hot": Incident.GPU_HARDWARE_FAULT,
     "gpu-straggler": Incident.GPU_HARDWARE_FAULT,
+    "gpu-straggler-temp": Incident.GPU_HARDWARE_FAULT,
+    "gpu-straggler-throttle": Incident.GPU_HARDWARE_FAULT,
+    "gpu-straggler-pcie-width": Incident.GPU_HARDWARE_FAULT,
+    "gpu-straggler-pcie-gen": Incident.GPU_HARDWARE_FAULT,
     "toolkit-missing": Incident.CONTAINER_TOOLKIT_MISSING,
     "toolkit-old": Incident.CONTAINER_TOOLKIT_MISSING,
     "container-driver-too-old": Incident.DRIVER_TOO_OLD,

@@ -135,20 +135,38 @@ def ecc_counters(gpu: XmlGpu) -> dict[str, int]:
                 values[f"ecc.errors.corrected.{scope}.{kind}"] = corrected
             if uncorrected is not None:
                 values[f"ecc.errors.uncorrected.{scope}.{kind}"] = uncorrected
+        # Pre-Ampere drivers count single-bit (corrected) and double-bit (uncorrected) errors.
+        if ecc.single_bit_total is not None:
+            values[f"ecc.errors.corrected.{scope}.total"] = ecc.single_bit_total
+        if ecc.double_bit_total is not None:
+            values[f"ecc.errors.uncorrected.{scope}.total"] = ecc.double_bit_total
     pages = gpu.retired_pages
     if pages is not None:
         if pages.sbe_count is not None:
             values["retired_pages.sbe"] = pages.sbe_count
         if pages.dbe_count is not None:
             values["retired_pages.dbe"] = pages.dbe_count
+        pending = pages_pending(gpu)
+        if pending is not None:
+            values["retired_pages.pending"] = int(pending)
     return values
+
+
+def pages_pending(gpu: XmlGpu) -> bool | None:
+    """Are retired pages waiting for a driver reload? DTD v10 (drivers 410-440) names the flag
+    ``pending_retirement`` only; later ones add ``pending_blacklist`` ("Pending Page
+    Blacklist"): either one saying Yes counts."""
+    pages = gpu.retired_pages
+    if pages is None or (pages.pending_blacklist is None and pages.pending_retirement is None):
+        return None
+    return bool(pages.pending_blacklist or pages.pending_retirement)
 
 
 def ecc_tripped(gpu: XmlGpu) -> list[tuple[str, knowledge.EccRule, dict[str, int]]]:
     """Every ECC/row-remap/retired-page rule (knowledge/ecc.yaml) this GPU's record trips:
     (rule name, rule, the counters it read)."""
     values = ecc_counters(gpu)
-    pending = bool(gpu.retired_pages and gpu.retired_pages.pending_blacklist)
+    pending = bool(pages_pending(gpu))
     return [
         (name, r, {c: values[c] for c in r.counters if c in values})
         for name, r in knowledge.ecc_rules().rules()

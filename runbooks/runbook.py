@@ -56,6 +56,13 @@ class Thresholds(_Strict):
     straggler_ratio: float = Field(default=0.8, gt=0, le=1)  # GPU clock under ratio x median
     # a container's CUDA JIT cache (~/.nv/ComputeCache) that grew this much since the last sweep
     cuda_cache_growth_mib: int = Field(default=64, ge=1)
+    # A GPU against the OTHER GPUs of its node (stragglers): compared only with this many GPUs
+    # in the comparison (a median of two says nothing about which one is odd) ...
+    straggler_min_gpus: int = Field(default=3, ge=3)
+    # ... hotter than the median of its peers in the same state (busy/idle) by more than this,
+    straggler_temp_delta_c: int = Field(default=15, gt=0)
+    # ... and GPUs busier than this count as busy (clock, temperature, PCIe generation peers).
+    straggler_busy_pct: int = Field(default=50, ge=0, le=100)
     memlock_for_rdma: bool = True  # flag RDMA containers without an unlimited memlock
     # NVIDIA Container Toolkit (nvidia-ctk / nvidia-container-cli --version): warning below
     toolkit_min_version: str = Field(default="1.13", pattern=r"^\d+(\.\d+){0,2}$")

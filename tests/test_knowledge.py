@@ -425,6 +425,19 @@ def test_ecc_retired_pages_rules() -> None:
     assert not dcgm.trips({"retired_pages.sbe": 62})
     assert dcgm.trips({"retired_pages.sbe": 60, "retired_pages.dbe": 3})
     assert rules.dcgm_retired_pages_soft_limit.trips({"retired_pages.dbe": 16})
+    assert rules.retired_pages_pending.severity == "fault"
+    assert rules.retired_pages_pending.trips({"retired_pages.pending": 1})
+    assert not rules.retired_pages_pending.trips({"retired_pages.pending": 0})
+
+
+def test_ecc_pre_ampere_double_bit_rule() -> None:
+    """Volatile double-bit errors (pre-Ampere ``double_bit/total``) are a fault; the lifetime
+    (aggregate) count alone is not."""
+    dbe = ecc_rules().double_bit_volatile
+    assert dbe.severity == "fault"
+    assert dbe.trips({"ecc.errors.uncorrected.volatile.total": 1})
+    assert not dbe.trips({"ecc.errors.uncorrected.volatile.total": 0})
+    assert not dbe.trips({"ecc.errors.uncorrected.aggregate.total": 7627})
 
 
 def test_ecc_rules_all_sourced() -> None:

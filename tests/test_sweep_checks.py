@@ -221,3 +221,161 @@ def test_a_moved_tag_is_drift_and_a_tag_that_still_names_the_image_is_not(
         with open_bundle(bundle) as b:
             h = check_host("h1", gather(b), Thresholds())
         assert ("container-image-drift@train" in keys(h)) is drift, h.findings
+
+
+# -- 9. ECC, retired pages and row remapping from a real `nvidia-smi -q -x` ----------------------
+XML = Path(__file__).parent / "fixtures" / "nvidia-smi-xml"
+V100_RETIRED = {"nvidia-smi.xml": "nvidia-smi-xml/v100-sxm3-retired-pages-v10.xml"}
+
+
+def test_v100_double_bit_errors_and_pending_retirement_drain_the_gpu(tmp_path: Path) -> None:
+    """A V100-SXM3 (driver 410.104, DTD v10; microsoft/pai#3468) with 1 volatile double-bit
+    error, 7627 aggregate ones, 2 double-bit retired pages and ``pending_retirement`` Yes. DTD v10
+    has no ``pending_blacklist`` and counts errors as single_bit/double_bit totals: both are read,
+    and the sweep verdict and the diagnosis agree on a hardware fault of that GPU."""
+    facts = facts_of(tmp_path, V100_RETIRED)
+    gpu = facts.smi_xml.gpus[0] if facts.smi_xml else None
+    assert gpu is not None and gpu.retired_pages is not None
+    assert gpu.retired_pages.pending_blacklist is None and gpu.retired_pages.pending_retirement
+    h = check_host("h1", facts, Thresholds())
+    assert h.verdict == "drain"
+    ecc = {f.key for f in h.findings if f.code.startswith("ecc-")}
+    assert ecc == {
+        "ecc-double-bit-volatile@0000:34:00.0",
+        "ecc-retired-pages-pending@0000:34:00.0",
+    }
+    assert all(f.incident == Incident.GPU_HARDWARE_FAULT for f in h.findings if f.key in ecc)
+    # 2 retired pages stay under DCGM's soft limit (15) and the 63-page table: no such finding.
+    assert not [f for f in h.findings if "dcgm" in f.code or "table-full" in f.code]
+    d = diagnose(facts)
+    assert d.matches and d.matches[0].incident == Incident.GPU_HARDWARE_FAULT
+    assert ecc <= {f.code for f in d.findings}
+
+
+def test_healthy_ecc_records_trip_nothing(tmp_path: Path) -> None:
+    """Zero counters and "Pending Page Blacklist: No" (Tesla T4, driver 515; 8x V100S, driver
+    460): no ECC finding, and the diagnosis is not a hardware fault."""
+    for name in ("tesla-t4-v11.xml", "v100s-pcie-8gpu-busy-v11.xml"):
+        facts = facts_of(tmp_path / name, {"nvidia-smi.xml": f"nvidia-smi-xml/{name}"})
+        h = check_host("h1", facts, Thresholds())
+        assert not [f for f in h.findings if f.code.startswith("ecc-")], name
+        assert h.verdict == "healthy", (name, keys(h))
+        assert diagnose(facts).incident == Incident.HEALTHY, name
+
+
+# -- 10. stragglers: one GPU against the other GPUs of its node ----------------------------------
+V100S = "nvidia-smi-xml/v100s-pcie-8gpu-busy-v11.xml"  # 8 busy GPUs, 57-66 C, all gen 3 x16
+K80 = "nvidia-smi-xml/k80-4gpu-half-busy-v10.xml"  # 2 busy (gen 3, 64/69 C), 2 idle (gen 1)
+STRAGGLER_CODES = ("gpu-straggler", "gpu-straggler-temp", "gpu-straggler-throttle")
+PCIE_CODES = ("gpu-straggler-pcie-width", "gpu-straggler-pcie-gen")
+
+
+def stragglers(h: HostHealth) -> set[str]:
+    return {f.key for f in h.findings if f.code.startswith("gpu-straggler")}
+
+
+def test_uniform_busy_8_gpu_node_has_no_straggler(tmp_path: Path) -> None:
+    """Eight busy V100S (GuanceCloud/datakit): temperatures within 9 C, clocks within 16 %, every
+    link gen 3 x16. Two GPUs show sw_power_cap, which is not a throttle reason of the runbook
+    (aznhc treats a software power cap as normal): no straggler."""
+    facts = facts_of(tmp_path, {"nvidia-smi.xml": V100S})
+    assert facts.smi_xml is not None and len(facts.smi_xml.gpus) == 8
+    assert sum("sw_power_cap" in g.clock_event_reasons_active for g in facts.smi_xml.gpus) == 2
+    assert stragglers(check_host("h1", facts, Thresholds())) == set()
+
+
+def test_half_busy_node_compares_busy_with_busy_and_skips_idle_generation(tmp_path: Path) -> None:
+    """4x K80 (microsoft/pai): two busy GPUs at 64/69 C on gen 3, two idle at 28/26 C on gen 1.
+    Against all four, the busy ones would be 'hot' and the idle ones 'slow links'; busy GPUs are
+    compared with busy ones only (two are too few) and idle GPUs' generation is not judged."""
+    facts = facts_of(tmp_path, {"nvidia-smi.xml": K80})
+    assert facts.smi_xml is not None
+    assert [g.pcie_gen for g in facts.smi_xml.gpus] == [3, 3, 1, 1]
+    assert stragglers(check_host("h1", facts, Thresholds())) == set()
+
+
+def derived(tmp_path: Path, bus: str, old: str, new: str) -> Facts:
+    """DERIVED, not a recorded output: the real 8x V100S XML with ONE field of ONE GPU (the
+    <gpu id=bus> block) changed from `old` to `new`; written to tmp_path only, never a fixture."""
+    text = (XML / "v100s-pcie-8gpu-busy-v11.xml").read_text(encoding="utf-8")
+    start = text.index(f'<gpu id="{bus}">')
+    end = text.index("</gpu>", start)
+    block = text[start:end]
+    assert block.count(old) == 1, f"{old!r} is not one field of {bus}"
+    (tmp_path / "nvidia-smi.xml").write_text(
+        text[:start] + block.replace(old, new) + text[end:], encoding="utf-8"
+    )
+    with open_bundle(tmp_path) as b:
+        return gather(b)
+
+
+BUS = "00000000:00:14.0"  # busy (99 %), 57 C, 1575 MHz, gen 3 x16, no throttle reason
+SUBJECT = "0000:00:14.0"
+
+
+def test_hot_gpu_among_busy_peers_is_a_straggler(tmp_path: Path) -> None:
+    """DERIVED case (no real multi-GPU XML with one hot GPU was found): the real V100S node with
+    one GPU's <gpu_temp> changed from 57 C to 80 C; its 6 busy peers' median is 60 C (00:10.0,
+    at 23 %, counts as idle)."""
+    facts = derived(tmp_path, BUS, "<gpu_temp>57 C</gpu_temp>", "<gpu_temp>80 C</gpu_temp>")
+    h = check_host("h1", facts, Thresholds())
+    assert stragglers(h) == {f"gpu-straggler-temp@{SUBJECT}"}
+    (f,) = [f for f in h.findings if f.code == "gpu-straggler-temp"]
+    assert f.message == "80 C, more than 15 C above the median 60 C of the node's 6 other busy GPUs"
+    assert f.incident == Incident.GPU_HARDWARE_FAULT and h.verdict == "warning"
+    assert f"gpu-straggler-temp@{SUBJECT}" in {x.code for x in diagnose(facts).findings}
+    # The threshold is the runbook's: with a 25 C margin the same node is fine.
+    assert stragglers(check_host("h1", facts, Thresholds(straggler_temp_delta_c=25))) == set()
+
+
+def test_throttle_reason_on_one_gpu_only_is_a_straggler(tmp_path: Path) -> None:
+    """DERIVED case (no real XML with a hardware slowdown on some GPUs only was found): the real
+    V100S node with one GPU's hw_slowdown changed from Not Active to Active."""
+    tag = "clocks_throttle_reason_hw_slowdown"
+    facts = derived(tmp_path, BUS, f"<{tag}>Not Active</{tag}>", f"<{tag}>Active</{tag}>")
+    h = check_host("h1", facts, Thresholds())
+    assert stragglers(h) == {f"gpu-straggler-throttle@{SUBJECT}"}
+    (f,) = [f for f in h.findings if f.code == "gpu-straggler-throttle"]
+    assert f.message.startswith("hw_slowdown active while 7 of the node's 7 other GPUs run")
+    assert f"gpu-throttled@{SUBJECT}" in keys(h)  # the per-GPU finding stays
+
+
+def test_narrow_pcie_link_among_x16_peers_is_a_straggler(tmp_path: Path) -> None:
+    """DERIVED case (no real multi-GPU XML with one narrowed link was found): the real V100S node
+    with one GPU's current_link_width changed from 16x to 8x."""
+    facts = derived(
+        tmp_path,
+        BUS,
+        "<current_link_width>16x</current_link_width>",
+        "<current_link_width>8x</current_link_width>",
+    )
+    h = check_host("h1", facts, Thresholds())
+    assert stragglers(h) == {f"gpu-straggler-pcie-width@{SUBJECT}"}
+    (f,) = [f for f in h.findings if f.code == "gpu-straggler-pcie-width"]
+    assert f.message == (
+        "PCIe link x8 (the GPU can do x16), narrower than the x16 median of the node's 7 other GPUs"
+    )
+
+
+def test_low_pcie_generation_while_busy_is_a_straggler(tmp_path: Path) -> None:
+    """DERIVED case: the real V100S node with one busy GPU's current_link_gen changed from 3 to 1
+    (what the K80 node's idle GPUs show, which is not judged there)."""
+    facts = derived(
+        tmp_path,
+        BUS,
+        "<current_link_gen>3</current_link_gen>",
+        "<current_link_gen>1</current_link_gen>",
+    )
+    h = check_host("h1", facts, Thresholds())
+    assert stragglers(h) == {f"gpu-straggler-pcie-gen@{SUBJECT}"}
+    (f,) = [f for f in h.findings if f.code == "gpu-straggler-pcie-gen"]
+    assert "PCIe gen 1 while busy (the GPU can do gen 3), under the gen 3 median" in f.message
+
+
+def test_slow_sm_clock_among_busy_peers_is_a_straggler(tmp_path: Path) -> None:
+    """DERIVED case: the real V100S node with one busy GPU's SM clock changed from 1575 to
+    1000 MHz, under 0.8 x the 1511 MHz median of its 6 other busy peers."""
+    facts = derived(tmp_path, BUS, "<sm_clock>1575 MHz</sm_clock>", "<sm_clock>1000 MHz</sm_clock>")
+    h = check_host("h1", facts, Thresholds())
+    assert stragglers(h) == {f"gpu-straggler@{SUBJECT}"}
+    assert all(incident_of(c) == Incident.GPU_HARDWARE_FAULT for c in STRAGGLER_CODES + PCIE_CODES)

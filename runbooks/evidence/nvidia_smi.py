@@ -160,6 +160,12 @@ class XmlGpu(Frozen):
     clock_event_reasons_active: tuple[str, ...] = ()
     sm_clock_mhz: int | None = None  # clocks/sm_clock: the current SM clock
     sm_clock_max_mhz: int | None = None  # max_clocks/sm_clock
+    # pci/pci_gpu_link_info: PCIe generation and lanes ("16x" -> 16), now and at most. Both may
+    # drop while the GPU idles (generation does, to save power).
+    pcie_gen: int | None = None
+    pcie_gen_max: int | None = None
+    pcie_width: int | None = None
+    pcie_width_max: int | None = None
     ecc_volatile: EccCounts | None = None
     ecc_aggregate: EccCounts | None = None
     retired_pages: RetiredPages | None = None
@@ -696,6 +702,9 @@ def _first(*values: str | None) -> str | None:
     return next((v for v in values if _value(v) is not None), None)
 
 
+_LINK = "pci/pci_gpu_link_info"
+
+
 def _xml_gpu(position: int, gpu: ET.Element) -> XmlGpu:
     power = gpu.find("gpu_power_readings")
     if power is None:
@@ -737,6 +746,10 @@ def _xml_gpu(position: int, gpu: ET.Element) -> XmlGpu:
         clock_event_reasons_active=_clock_events(gpu),
         sm_clock_mhz=_integer(_txt(gpu, "clocks/sm_clock")),
         sm_clock_max_mhz=_integer(_txt(gpu, "max_clocks/sm_clock")),
+        pcie_gen=_integer(_txt(gpu, f"{_LINK}/pcie_gen/current_link_gen")),
+        pcie_gen_max=_integer(_txt(gpu, f"{_LINK}/pcie_gen/max_link_gen")),
+        pcie_width=_integer(_txt(gpu, f"{_LINK}/link_widths/current_link_width")),
+        pcie_width_max=_integer(_txt(gpu, f"{_LINK}/link_widths/max_link_width")),
         ecc_volatile=_ecc_scope(ecc.find("volatile") if ecc is not None else None),
         ecc_aggregate=_ecc_scope(ecc.find("aggregate") if ecc is not None else None),
         retired_pages=_retired(gpu),

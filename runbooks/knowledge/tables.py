@@ -176,6 +176,8 @@ class EccRules(Frozen):
     retired_pages_table_full: EccRule
     dcgm_max_retired_pages: EccRule
     dcgm_retired_pages_soft_limit: EccRule
+    retired_pages_pending: EccRule
+    double_bit_volatile: EccRule
 
     def rules(self) -> tuple[tuple[str, EccRule], ...]:
         return tuple((name, getattr(self, name)) for name in type(self).model_fields)
