@@ -22,12 +22,13 @@ from prefect import flow, get_client, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
 from prefect.concurrency.sync import concurrency
-from prefect.exceptions import FlowPauseTimeout, ObjectAlreadyExists, ObjectNotFound
+from prefect.exceptions import FlowPauseTimeout
 from prefect.flow_runs import pause_flow_run
 from prefect.input import RunInput
 from prefect.runtime import flow_run
 from pydantic import BaseModel, Field
 
+from flows.fleet_state import ensure_limits
 from flows.notify import Notifier
 from flows.slack_delivery import thread_for
 from reports import slack as slack_msg
@@ -96,25 +97,6 @@ HOST_LOCK_LEASE_S = 60.0  # the server's minimum
 
 def host_lock(host: str) -> str:
     return "cudamedic-host-" + slug(host)
-
-
-def ensure_limits(names: list[str], limit: int = 1) -> None:
-    """Create the global concurrency limits the flows lock on (strict locks need them to exist)."""
-    from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate
-
-    with get_client(sync_client=True) as client:
-        for name in names:
-            try:
-                client.read_global_concurrency_limit_by_name(name)
-                continue
-            except ObjectNotFound:
-                pass
-            try:
-                client.create_global_concurrency_limit(
-                    GlobalConcurrencyLimitCreate(name=name, limit=limit)
-                )
-            except ObjectAlreadyExists:
-                pass  # created by a flow running beside this one
 
 
 def response_name(target: str, container: str | None) -> str:

@@ -23,6 +23,7 @@ from prefect.client.schemas.objects import FlowRun
 from prefect.runtime import flow_run
 from pydantic import BaseModel
 
+from flows.fleet_state import sweep_state
 from flows.incident import run_url, slug
 from reports.render import SweepChange, SweepHostRow, SweepSummary, render_sweep, sweep_report_name
 from reports.store import save_report
@@ -36,7 +37,6 @@ from runbooks.sweep import (
     batches,
     check_hosts,
     failed_result,
-    locked_state,
     select_hosts,
     summarize,
 )
@@ -202,7 +202,7 @@ def _compare_with_last_sweep(
 ) -> tuple[list[HostResult], list[HostChange]]:
     """Judge what needs the last sweep (a growing CUDA cache), then store this sweep and say
     what is new, changed or resolved since the last one."""
-    with locked_state(settings) as (before, save):
+    with sweep_state(settings) as (before, save):
         results = [
             r.model_copy(
                 update={

@@ -21,6 +21,9 @@ class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="CUDAMEDIC_", extra="ignore")
 
     inventory: Path | None = None
+    # The fleet's name: what its workers share in Prefect (sweep state, locks) is kept under it,
+    # so several fleets (staging, production) may use one Prefect server.
+    fleet: str = Field(default="default", pattern=r"^[a-z0-9][a-z0-9-]{0,39}$")
     out_dir: Path = Path("bundles")
     # SSH
     known_hosts: Path | None = None  # default: ~/.ssh/known_hosts (+ system file)

@@ -11,14 +11,10 @@ batches as Prefect tasks, or as `sweep-batch` runs spread over workers.
 from __future__ import annotations
 
 import concurrent.futures
-import contextlib
-import fcntl
 import json
-import os
 import shutil
 import threading
-from collections.abc import Callable, Iterator, Mapping
-from datetime import UTC, datetime
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from runbooks import progress
@@ -201,39 +197,19 @@ def select_hosts(
 State = dict[str, dict[str, dict[str, str]]]
 
 
-def state_path(settings: Settings) -> Path:
-    return settings.state_path / "sweep-state.json"
-
-
-@contextlib.contextmanager
-def locked_state(settings: Settings) -> Iterator[tuple[State, Callable[[State], None]]]:
-    """The previous sweep's state under an exclusive lock (two sweeps never interleave), and a
-    function that saves the new one atomically. Hosts not swept this time keep their state."""
-    path = state_path(settings)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path.with_suffix(".lock"), os.O_RDWR | os.O_CREAT, 0o600)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        before = _read_state(path)
-
-        def save(seen: State) -> None:
-            data = {"updated_at": datetime.now(UTC).isoformat(), "hosts": {**before, **seen}}
-            tmp = path.with_suffix(".tmp")
-            tmp.write_text(json.dumps(data, indent=1, sort_keys=True), encoding="utf-8")
-            os.replace(tmp, path)
-
-        yield before, save
-    finally:
-        os.close(fd)
-
-
-def _read_state(path: Path) -> State:
-    """The stored state; what is not host -> finding key -> {field: text} (a file cut by a crash
-    or edited by hand) is left out: at worst a finding is reported as new again."""
+def read_state_file(path: Path) -> State:
+    """A sweep state file (``sweep-state.json`` of cudamedic before the state moved to Prefect);
+    what cannot be read is an empty state."""
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError, RecursionError):
         return {}
+    return parse_state(data)
+
+
+def parse_state(data: object) -> State:
+    """A stored state; what is not host -> finding key -> {field: text} (a document cut by a crash
+    or edited by hand) is left out: at worst a finding is reported as new again."""
     hosts = data.get("hosts") if isinstance(data, dict) else None
     if not isinstance(hosts, dict):
         return {}

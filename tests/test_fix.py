@@ -281,11 +281,20 @@ def by_destination(mounts: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 # -- procedure and policy -------------------------------------------------------------------
+def fleet_of(settings: Settings) -> str:
+    """A fleet name of the test's own (from its state dir): sweeps of two tests never share."""
+    import hashlib
+
+    return "t-" + hashlib.sha256(str(settings.state_path).encode()).hexdigest()[:12]
+
+
 def cli_env(lab: LabState, settings: Settings, **extra: str) -> dict[str, str]:
     return {
         **os.environ,
         "CUDAMEDIC_CONFIG": lab.config,
         "CUDAMEDIC_STATE_DIR": str(settings.state_path),
+        # what a fleet shares lives in the tests' one Prefect server: one fleet per test
+        "CUDAMEDIC_FLEET": fleet_of(settings),
         "CUDAMEDIC_OUT_DIR": str(settings.out_dir),
         "CUDAMEDIC_FIX_SETTLE_S": "1.5",
         **extra,

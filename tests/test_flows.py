@@ -4,6 +4,7 @@ rejection, two triggers at once, unattended policy and the circuit breaker) and 
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import time
@@ -389,6 +390,62 @@ def test_sweep_sees_container_flags_and_their_resolution(
     assert re.search(
         rf"resolved\s+gpu-healthy: container-shm-small \({container_name}\)", third.stdout
     ), third.stdout
+
+
+def test_sweep_state_lives_in_prefect_not_on_the_workers_disk(
+    env: dict[str, str], tmp_path: Path
+) -> None:
+    """Issue 17: a sweep run with another STATE_DIR and HOME (another worker) knows what the first
+    one saw, from the Prefect server alone; another fleet on the same server does not; an old
+    STATE_DIR/sweep-state.json is taken over once; nothing is written to the state dir."""
+    first = cudamedic(env, "sweep", "--host", "gpu-nodriver")
+    assert first.returncode == 0, first.stdout + first.stderr
+    assert ("gpu-nodriver", "driver-not-loaded") in changes(first.stdout, "new"), first.stdout
+    other = {
+        **env,
+        "CUDAMEDIC_STATE_DIR": str(tmp_path / "worker-b" / "state"),
+        "HOME": str(tmp_path / "worker-b"),
+    }
+    second = cudamedic(other, "sweep", "--host", "gpu-nodriver")
+    assert second.returncode == 0, second.stdout + second.stderr
+    # (other tests' containers on the lab engine may come and go: judge the host's own finding)
+    assert ("gpu-nodriver", "driver-not-loaded") not in changes(second.stdout, "new"), second.stdout
+    assert "1 hosts" in second.stdout and "1 drain" in second.stdout
+    assert not (tmp_path / "worker-b" / "state" / "sweep-state.json").exists()
+    # Another fleet: its own state. An older cudamedic's state file is its starting point.
+    legacy = tmp_path / "legacy-state"
+    legacy.mkdir()
+    (legacy / "sweep-state.json").write_text(
+        json.dumps(
+            {
+                "hosts": {
+                    "gpu-nodriver": {
+                        "driver-not-loaded": {
+                            "code": "driver-not-loaded",
+                            "level": "drain",
+                            "message": "m",
+                        }
+                    }
+                }
+            }
+        )
+    )
+    third = cudamedic(
+        {
+            **env,
+            "CUDAMEDIC_FLEET": env["CUDAMEDIC_FLEET"] + "-b",
+            "CUDAMEDIC_STATE_DIR": str(legacy),
+        },
+        "sweep",
+        "--host",
+        "gpu-nodriver",
+    )
+    assert third.returncode == 0, third.stdout + third.stderr
+    assert ("gpu-nodriver", "driver-not-loaded") not in changes(third.stdout, "new"), third.stdout
+    fourth = cudamedic(
+        {**env, "CUDAMEDIC_FLEET": env["CUDAMEDIC_FLEET"] + "-c"}, "sweep", "--host", "gpu-nodriver"
+    )
+    assert ("gpu-nodriver", "driver-not-loaded") in changes(fourth.stdout, "new"), fourth.stdout
 
 
 def test_sweep_sees_image_drift_and_a_cuda_cache_that_keeps_growing(

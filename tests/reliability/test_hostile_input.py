@@ -1544,7 +1544,7 @@ def test_stored_state_readers_survive_corrupt_files(tmp_path: Path) -> None:
     from runbooks.health import HealthFinding, HostHealth
     from runbooks.journal import Journal
     from runbooks.settings import Settings
-    from runbooks.sweep import _read_state
+    from runbooks.sweep import read_state_file
 
     fuzz = Fuzz("stored state readers")
     state_settings = Settings(state_dir=tmp_path, slack_bot_token="xoxb-x")  # type: ignore[arg-type]
@@ -1577,7 +1577,7 @@ def test_stored_state_readers_survive_corrupt_files(tmp_path: Path) -> None:
         data = text.encode("utf-8", errors="surrogateescape")
         state = tmp_path / "sweep-state.json"
         state.write_bytes(data)
-        before = fuzz.call(_read_state, state)
+        before = fuzz.call(read_state_file, state)
         for change in fuzz.call(diff, before, after):
             assert change.change in ("new", "changed", "resolved")
         seen_file = tmp_path / "alerts.json"

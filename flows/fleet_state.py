@@ -1,0 +1,130 @@
+"""What every worker of a fleet shares, kept in the Prefect server all of them use (issue 17):
+never on one worker's disk, so a sweep run by worker B knows what worker A's sweep saw.
+
+- A **lock** is a Prefect global concurrency limit of one slot, created on first use. Its slot is a
+  lease: a worker that dies holding it loses it after `LEASE_S`, so a crashed sweep never blocks
+  the fleet for good (flock on a shared disk would, and is no lock across machines anyway).
+- A **document** (the sweep state) is the newest version of a keyed Prefect artifact: the server's
+  database keeps it (SQLite for the embedded default, PostgreSQL for a fleet), the UI shows it under
+  Artifacts, and the previous version is kept for a look back; older ones are deleted.
+  Variables would not do: a Prefect Variable holds at most 5,000 characters.
+
+Every call has a timeout (the Prefect client's); no call writes anything locally.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+from collections.abc import Callable, Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from prefect import get_client
+from prefect.client.schemas.actions import ArtifactCreate, GlobalConcurrencyLimitCreate
+from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+from prefect.client.schemas.sorting import ArtifactSort
+from prefect.concurrency.sync import concurrency
+from prefect.exceptions import ObjectAlreadyExists, ObjectNotFound
+
+from runbooks.settings import Settings
+from runbooks.sweep import State, parse_state, read_state_file
+
+log = logging.getLogger(__name__)
+
+LEASE_S = 300.0  # a lock's holder that stops renewing (a dead worker) loses it after this
+KEEP_VERSIONS = 2  # the newest document and the one before
+
+
+def lock_name(name: str, settings: Settings) -> str:
+    return f"cudamedic-{settings.fleet}-{name}"
+
+
+def ensure_limits(names: list[str], limit: int = 1) -> None:
+    """Create the global concurrency limits the flows lock on (strict locks need them to exist)."""
+    with get_client(sync_client=True) as client:
+        for name in names:
+            try:
+                client.read_global_concurrency_limit_by_name(name)
+                continue
+            except ObjectNotFound:
+                pass
+            with contextlib.suppress(ObjectAlreadyExists):  # another worker made it first
+                client.create_global_concurrency_limit(
+                    GlobalConcurrencyLimitCreate(name=name, limit=limit)
+                )
+
+
+@contextlib.contextmanager
+def fleet_lock(name: str, settings: Settings, timeout_s: float = 600.0) -> Iterator[None]:
+    """Held by one process of the whole fleet at a time (TimeoutError after `timeout_s`)."""
+    full = lock_name(name, settings)
+    ensure_limits([full])
+    with concurrency(
+        full, occupy=1, timeout_seconds=timeout_s, lease_duration=LEASE_S, strict=True
+    ):
+        yield
+
+
+def read_document(key: str) -> Any | None:
+    """The newest version of the artifact `key`, or None when there is none."""
+    with get_client(sync_client=True) as client:
+        found = client.read_artifacts(
+            artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[key])),
+            sort=ArtifactSort.CREATED_DESC,
+            limit=1,
+        )
+    if not found:
+        return None
+    data = found[0].data
+    if isinstance(data, str):  # the server may hand JSON back as text
+        try:
+            return json.loads(data)
+        except ValueError:
+            return None
+    return data
+
+
+def write_document(key: str, data: Any, description: str) -> None:
+    """A new version of the artifact `key`; versions past `KEEP_VERSIONS` are deleted."""
+    with get_client(sync_client=True) as client:
+        client.create_artifact(
+            ArtifactCreate(key=key, type="cudamedic-state", description=description, data=data)
+        )
+        versions = client.read_artifacts(
+            artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[key])),
+            sort=ArtifactSort.CREATED_DESC,
+            offset=KEEP_VERSIONS,
+            limit=50,
+        )
+        for old in versions:
+            with contextlib.suppress(ObjectNotFound):
+                client.delete_artifact(old.id)
+
+
+def sweep_state_key(settings: Settings) -> str:
+    return f"cudamedic-{settings.fleet}-sweep-state"
+
+
+@contextlib.contextmanager
+def sweep_state(settings: Settings) -> Iterator[tuple[State, Callable[[State], None]]]:
+    """The fleet's previous sweep state under the fleet-wide lock (two sweeps never interleave),
+    and a function that stores the new one. Hosts not swept this time keep their state. The first
+    time, a `STATE_DIR/sweep-state.json` left by an older cudamedic is taken over."""
+    key = sweep_state_key(settings)
+    with fleet_lock("sweep-state", settings):
+        stored = read_document(key)
+        before = parse_state(stored) if stored is not None else _legacy(settings)
+
+        def save(seen: State) -> None:
+            data = {"updated_at": datetime.now(UTC).isoformat(), "hosts": {**before, **seen}}
+            write_document(key, data, f"Fleet {settings.fleet}: what the last sweep saw per host")
+
+        yield before, save
+
+
+def _legacy(settings: Settings) -> State:
+    path: Path = settings.state_path / "sweep-state.json"
+    return read_state_file(path) if path.exists() else {}
