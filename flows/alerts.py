@@ -18,7 +18,7 @@ import re
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from pydantic import BaseModel
 from starlette.concurrency import run_in_threadpool
@@ -105,6 +105,13 @@ def _host(labels: dict[str, Any], inventory: Inventory) -> str | None:
 
 
 # -- keys already seen (announced alerts; Slack's replays and retries) --------------------------
+class FirstTime(Protocol):
+    """Says whether a key is new: `Seen` (this process), or `flows.fleet_state.Memory` (every
+    replica, through Prefect)."""
+
+    def first_time(self, key: str) -> bool: ...
+
+
 class Seen:
     """Keys seen in the last `ttl` seconds; kept in a small JSON file when `path` is given (so
     they survive a restart), else in memory."""
@@ -164,7 +171,7 @@ def trigger_parameters() -> dict[str, str]:
     }
 
 
-def receive(body: bytes, inventory: Inventory, seen: Seen) -> tuple[int, dict[str, Any]]:
+def receive(body: bytes, inventory: Inventory, seen: FirstTime) -> tuple[int, dict[str, Any]]:
     """One authorized webhook body -> (HTTP status, answer); announces each new firing alert for
     an inventory host. Blocking (Prefect): the server runs it in a worker thread."""
     try:
@@ -188,7 +195,12 @@ def receive(body: bytes, inventory: Inventory, seen: Seen) -> tuple[int, dict[st
 
 
 def make_server(
-    host: str, port: int, token: str, inventory: Inventory, seen: Seen, limits: Limits | None = None
+    host: str,
+    port: int,
+    token: str,
+    inventory: Inventory,
+    seen: FirstTime,
+    limits: Limits | None = None,
 ) -> HttpServer:
     """The receiver: POST /alertmanager with `Authorization: Bearer <token>`; GET /health."""
     if not token:

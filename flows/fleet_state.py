@@ -4,6 +4,8 @@ never on one worker's disk, so a sweep run by worker B knows what worker A's swe
 - A **lock** is a Prefect global concurrency limit of one slot, created on first use. Its slot is a
   lease: a worker that dies holding it loses it after `LEASE_S`, so a crashed sweep never blocks
   the fleet for good (flock on a shared disk would, and is no lock across machines anyway).
+- A **memory** of keys already handled (Slack's replays and retries, Alertmanager's repeats): one
+  Prefect Variable per key, created only when absent, so the server decides who saw it first.
 - A **document** (the sweep state) is the newest version of a keyed Prefect artifact: the server's
   database keeps it (SQLite for the embedded default, PostgreSQL for a fleet), the UI shows it under
   Artifacts, and the previous version is kept for a look back; older ones are deleted.
@@ -14,9 +16,16 @@ Every call has a timeout (the Prefect client's); no call writes anything locally
 
 from __future__ import annotations
 
+import base64
 import contextlib
+import hashlib
 import json
 import logging
+import os
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
@@ -29,6 +38,7 @@ from prefect.client.schemas.sorting import ArtifactSort
 from prefect.concurrency.sync import concurrency
 from prefect.exceptions import ObjectAlreadyExists, ObjectNotFound
 
+from flows.alerts import Seen
 from runbooks.settings import Settings
 from runbooks.sweep import State, parse_state, read_state_file
 
@@ -128,3 +138,82 @@ def sweep_state(settings: Settings) -> Iterator[tuple[State, Callable[[State], N
 def _legacy(settings: Settings) -> State:
     path: Path = settings.state_path / "sweep-state.json"
     return read_state_file(path) if path.exists() else {}
+
+
+class Memory:
+    """Requests already handled (signatures, retried commands, button clicks), for every replica
+    and across restarts: one Prefect Variable per key, created only when absent, so the Prefect
+    server (shared by the replicas) decides who saw it first. Asked over Prefect's REST API with
+    a short timeout and no retries, so an acknowledgement never waits on it for long; when
+    Prefect cannot be asked, this process's memory alone decides for `QUIET_S` (nothing can be
+    started without Prefect anyway)."""
+
+    TAG = "cudamedic-seen"
+    QUIET_S = 30.0
+    PRUNE_S = 600.0  # forget keys past their time at most this often (any user of the memory)
+
+    def __init__(self, ttl: float, timeout: float = 2.0) -> None:
+        self.ttl, self.timeout = ttl, timeout
+        self.local = Seen(ttl=ttl)
+        self.quiet_until = 0.0
+        self.pruned_at = time.monotonic()
+
+    def first_time(self, key: str) -> bool:
+        if not self.local.first_time(key):
+            return False
+        if time.monotonic() - self.pruned_at > self.PRUNE_S:
+            self.pruned_at = time.monotonic()
+            try:
+                self.prune()
+            except (OSError, ValueError, LookupError) as exc:
+                log.warning("forgetting old request keys failed: %s", type(exc).__name__)
+        if time.monotonic() < self.quiet_until:
+            return True
+        name = f"{self.TAG}-{hashlib.sha256(key.encode()).hexdigest()[:40]}"
+        value = {"until": round(time.time() + self.ttl)}
+        try:
+            _prefect("POST", "/variables/", {"name": name, "value": value, "tags": [self.TAG]})
+        except urllib.error.HTTPError as exc:
+            if exc.code == 409:  # already there: seen before, here or by another replica
+                return False
+            self._unavailable(f"HTTP {exc.code}")
+        except (OSError, ValueError, LookupError) as exc:
+            self._unavailable(type(exc).__name__)
+        return True
+
+    def _unavailable(self, why: str) -> None:
+        self.quiet_until = time.monotonic() + self.QUIET_S
+        log.warning("Prefect did not answer for the request memory (%s): this process's only", why)
+
+    @classmethod
+    def prune(cls) -> int:
+        """Forget keys past their time; returns how many."""
+        found = _prefect(
+            "POST", "/variables/filter", {"variables": {"tags": {"all_": [cls.TAG]}}, "limit": 200}
+        )
+        gone = 0
+        for var in found if isinstance(found, list) else []:
+            value = var.get("value") if isinstance(var, dict) else None
+            until = value.get("until", 0) if isinstance(value, dict) else 0
+            if isinstance(until, int | float) and until < time.time():
+                _prefect("DELETE", f"/variables/name/{urllib.parse.quote(str(var['name']))}")
+                gone += 1
+        return gone
+
+
+def _prefect(method: str, path: str, body: Any = None, timeout: float = 2.0) -> Any:
+    """One call to the Prefect API of PREFECT_API_URL (set by the CLI for the embedded server
+    too), without the client's retries. LookupError: no API is configured."""
+    api = os.environ.get("PREFECT_API_URL", "").rstrip("/")
+    if not api.startswith(("http://", "https://")):
+        raise LookupError("PREFECT_API_URL is not set")
+    headers = {"Content-Type": "application/json"}
+    if key := os.environ.get("PREFECT_API_KEY"):
+        headers["Authorization"] = f"Bearer {key}"
+    elif auth := os.environ.get("PREFECT_API_AUTH_STRING"):
+        headers["Authorization"] = "Basic " + base64.b64encode(auth.encode()).decode()
+    data = json.dumps(body).encode() if body is not None else None
+    req = urllib.request.Request(api + path, data=data, method=method, headers=headers)  # noqa: S310
+    with urllib.request.urlopen(req, timeout=timeout) as resp:  # noqa: S310
+        raw = resp.read()
+    return json.loads(raw) if raw else None

@@ -8,11 +8,8 @@ replica (the memory of seen requests is kept in Prefect: `Memory`).
 
 from __future__ import annotations
 
-import base64
-import hashlib
 import json
 import logging
-import os
 import re
 import tempfile
 import threading
@@ -28,7 +25,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from flows.alerts import Seen
+from flows.fleet_state import Memory
 from flows.http import HttpServer, Limits, json_app, read_body, reply
 from flows.incident import run_url
 from flows.slack_delivery import (  # noqa: F401 - the app's side of delivery, and its old home
@@ -72,77 +69,6 @@ def keep_flushing(settings: Settings) -> threading.Event:
 
     threading.Thread(target=loop, name="slack-outbox", daemon=True).start()
     return stop
-
-
-class Memory:
-    """Requests already handled (signatures, retried commands, button clicks), for every replica
-    and across restarts: one Prefect Variable per key, created only when absent, so the Prefect
-    server (shared by the replicas) decides who saw it first. Asked over Prefect's REST API with
-    a short timeout and no retries, so an acknowledgement never waits on it for long; when
-    Prefect cannot be asked, this process's memory alone decides for `QUIET_S` (nothing can be
-    started without Prefect anyway)."""
-
-    TAG = "cudamedic-seen"
-    QUIET_S = 30.0
-
-    def __init__(self, ttl: float, timeout: float = 2.0) -> None:
-        self.ttl, self.timeout = ttl, timeout
-        self.local = Seen(ttl=ttl)
-        self.quiet_until = 0.0
-
-    def first_time(self, key: str) -> bool:
-        if not self.local.first_time(key):
-            return False
-        if time.monotonic() < self.quiet_until:
-            return True
-        name = f"{self.TAG}-{hashlib.sha256(key.encode()).hexdigest()[:40]}"
-        value = {"until": round(time.time() + self.ttl)}
-        try:
-            _prefect("POST", "/variables/", {"name": name, "value": value, "tags": [self.TAG]})
-        except urllib.error.HTTPError as exc:
-            if exc.code == 409:  # already there: seen before, here or by another replica
-                return False
-            self._unavailable(f"HTTP {exc.code}")
-        except (OSError, ValueError, LookupError) as exc:
-            self._unavailable(type(exc).__name__)
-        return True
-
-    def _unavailable(self, why: str) -> None:
-        self.quiet_until = time.monotonic() + self.QUIET_S
-        log.warning("Prefect did not answer for the request memory (%s): this process's only", why)
-
-    @classmethod
-    def prune(cls) -> int:
-        """Forget keys past their time; returns how many."""
-        found = _prefect(
-            "POST", "/variables/filter", {"variables": {"tags": {"all_": [cls.TAG]}}, "limit": 200}
-        )
-        gone = 0
-        for var in found if isinstance(found, list) else []:
-            value = var.get("value") if isinstance(var, dict) else None
-            until = value.get("until", 0) if isinstance(value, dict) else 0
-            if isinstance(until, int | float) and until < time.time():
-                _prefect("DELETE", f"/variables/name/{urllib.parse.quote(str(var['name']))}")
-                gone += 1
-        return gone
-
-
-def _prefect(method: str, path: str, body: Any = None, timeout: float = 2.0) -> Any:
-    """One call to the Prefect API of PREFECT_API_URL (set by the CLI for the embedded server
-    too), without the client's retries. LookupError: no API is configured."""
-    api = os.environ.get("PREFECT_API_URL", "").rstrip("/")
-    if not api.startswith(("http://", "https://")):
-        raise LookupError("PREFECT_API_URL is not set")
-    headers = {"Content-Type": "application/json"}
-    if key := os.environ.get("PREFECT_API_KEY"):
-        headers["Authorization"] = f"Bearer {key}"
-    elif auth := os.environ.get("PREFECT_API_AUTH_STRING"):
-        headers["Authorization"] = "Basic " + base64.b64encode(auth.encode()).decode()
-    data = json.dumps(body).encode() if body is not None else None
-    req = urllib.request.Request(api + path, data=data, method=method, headers=headers)  # noqa: S310
-    with urllib.request.urlopen(req, timeout=timeout) as resp:  # noqa: S310
-        raw = resp.read()
-    return json.loads(raw) if raw else None
 
 
 # -- the app ------------------------------------------------------------------------------------

@@ -514,12 +514,13 @@ def cmd_alerts(args: argparse.Namespace) -> int:
     inventory = _required_inventory(settings, "the alert receiver")
     token = settings.alert_token.get_secret_value() if settings.alert_token else ""
     _prefect(args, settings)
-    from flows.alerts import Seen, make_server
+    from flows.alerts import SEEN_TTL_S, make_server
+    from flows.fleet_state import Memory
     from flows.http import Limits
 
     listen = args.listen or settings.alert_listen
     port = args.port if args.port is not None else settings.alert_port
-    seen = Seen(settings.state_path / "alerts.json")
+    seen = Memory(ttl=SEEN_TTL_S)  # in Prefect: every replica of the receiver shares it
     server = make_server(listen, port, token, inventory, seen, Limits.of(settings))
     return _serve_http(server, "alert receiver: POST {base}/alertmanager")
 

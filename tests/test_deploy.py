@@ -263,9 +263,11 @@ def test_an_alert_starts_a_response_once(
     body = json.loads((FIXTURES / "alerts" / "alertmanager-webhook.json").read_text())
     body["alerts"][0]["labels"]["Hostname"] = "gpu-nodriver"
 
-    def post(payload: bytes, token: str = "s3cret-t0ken") -> tuple[int, dict[str, Any]]:
+    def post(
+        payload: bytes, token: str = "s3cret-t0ken", to: str = url
+    ) -> tuple[int, dict[str, Any]]:
         req = urllib.request.Request(
-            url, data=payload, method="POST", headers={"Authorization": f"Bearer {token}"}
+            to, data=payload, method="POST", headers={"Authorization": f"Bearer {token}"}
         )
         try:
             with urllib.request.urlopen(req, timeout=10) as resp:
@@ -281,6 +283,19 @@ def test_an_alert_starts_a_response_once(
     ], answer
     again = post(json.dumps(body).encode())[1]  # Alertmanager repeats: announced once
     assert again["announced"] == [] and again["ignored"][0]["why"] == "already announced"
+    # A second receiver (another machine: its own STATE_DIR and HOME) knows it too: the memory
+    # of announced alerts is in Prefect.
+    other = tmp_path / "receiver-b"
+    b_log = tmp_path / "alerts-b.log"
+    env_b = {**env, "CUDAMEDIC_STATE_DIR": str(other / "state"), "HOME": str(other)}
+    background([str(BIN / "cudamedic"), "alerts", "--port", "0"], env_b, b_log)
+    while "alert receiver" not in b_log.read_text():
+        assert time.monotonic() < deadline + 60, b_log.read_text()
+        time.sleep(0.5)
+    url_b = re.search(r"POST (http://\S+)", b_log.read_text()).group(1)  # type: ignore[union-attr]
+    on_b = post(json.dumps(body).encode(), to=url_b)[1]
+    assert on_b["announced"] == [] and on_b["ignored"][0]["why"] == "already announced", on_b
+    assert not (other / "state" / "alerts.json").exists()
     body["alerts"][0]["labels"]["Hostname"] = "not-in-inventory"
     body["alerts"][0]["startsAt"] = "2019-07-27T00:00:00Z"
     body["commonLabels"]["instance"] = "10.9.9.9:9100"
