@@ -12,16 +12,29 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 if TYPE_CHECKING:
     from flows.http import HttpServer
-    from runbooks.cli_json import FailedSource
+    from flows.incident import Response
+    from flows.sweep import SweepResult as SweepRun
+    from runbooks.cli_json import (
+        CollectTarget,
+        FailedSource,
+        FixResult,
+        SweepResult,
+        TriageResult,
+    )
+    from runbooks.fixer import Prepared
     from runbooks.inventory import Inventory
+    from runbooks.model import FixPlan
+    from runbooks.policy import Policy
     from runbooks.settings import Settings
     from runbooks.target import Target
 
+    Subparsers: TypeAlias = argparse._SubParsersAction[argparse.ArgumentParser]
 
 EXIT_OK, EXIT_INTERNAL, EXIT_INPUT, EXIT_UNREACHABLE = 0, 1, 2, 3
 EXIT_REFUSED, EXIT_ROLLED_BACK, EXIT_FAILED, EXIT_INTERRUPTED = 4, 5, 6, 130
@@ -114,16 +127,26 @@ def _required_inventory(settings: Settings, who: str) -> Inventory:
 
 
 def cmd_collect(args: argparse.Namespace) -> int:
-    import concurrent.futures
+    from runbooks.cli_json import CollectResult
 
-    from runbooks.bundle import write_tar
-    from runbooks.cli_json import CollectResult, CollectTarget
-    from runbooks.collect import collect, missing_container
+    settings = _settings(args)
+    targets = _collect_targets(args, _inventory(settings))
+    results = _collect_all(args, settings, targets)
+    for r in results:
+        if r.missing_container is not None:
+            show(f"cudamedic: error: {r.missing_container}", err=True)
+    code = _collect_exit(results)
+    if args.json:
+        _emit(args, CollectResult(exit_code=code, targets=results))
+    return code
+
+
+def _collect_targets(args: argparse.Namespace, inventory: Inventory | None) -> list[Target]:
+    """The targets `collect` was asked for, each once (TARGETs, and with --all every inventory
+    host); a combination that makes no sense is refused."""
     from runbooks.errors import InputError
     from runbooks.target import resolve_target
 
-    settings = _settings(args)
-    inventory = _inventory(settings)
     specs = list(args.target)
     if args.all:
         if inventory is None:
@@ -133,7 +156,18 @@ def cmd_collect(args: argparse.Namespace) -> int:
         raise InputError("name a TARGET, or --all for every inventory host")
     if args.container and len(specs) > 1:
         raise InputError("--container applies to one TARGET only")
-    targets = [resolve_target(spec, inventory) for spec in dict.fromkeys(specs)]
+    return [resolve_target(spec, inventory) for spec in dict.fromkeys(specs)]
+
+
+def _collect_all(
+    args: argparse.Namespace, settings: Settings, targets: list[Target]
+) -> list[CollectTarget]:
+    """Collect every target, printing each bundle's path and what failed in it, in order."""
+    import concurrent.futures
+
+    from runbooks.bundle import write_tar
+    from runbooks.cli_json import CollectTarget
+    from runbooks.collect import collect, missing_container
 
     def one(target: Target) -> str:
         path = collect(
@@ -158,18 +192,16 @@ def cmd_collect(args: argparse.Namespace) -> int:
                     failed_sources=failed,
                 )
             )
-    for r in results:
-        if r.missing_container is not None:
-            show(f"cudamedic: error: {r.missing_container}", err=True)
+    return results
+
+
+def _collect_exit(results: list[CollectTarget]) -> int:
+    """A container that does not exist is a usage error; else any unreachable target counts."""
     if any(r.missing_container is not None for r in results):
-        code = EXIT_INPUT
-    elif any(not r.reachable for r in results):
-        code = EXIT_UNREACHABLE
-    else:
-        code = EXIT_OK
-    if args.json:
-        _emit(args, CollectResult(exit_code=code, targets=results))
-    return code
+        return EXIT_INPUT
+    if any(not r.reachable for r in results):
+        return EXIT_UNREACHABLE
+    return EXIT_OK
 
 
 def cmd_classify(args: argparse.Namespace) -> int:
@@ -217,15 +249,8 @@ def _classify_stdin(state_dir: Path) -> Any:
 
 
 def cmd_fix(args: argparse.Namespace) -> int:
-    from runbooks.cli_json import Check, FixResult, Plan
-    from runbooks.fixer import (
-        execute,
-        prepare,
-        refusal,
-        render_outcome,
-        render_plan,
-        write_postmortem,
-    )
+    from runbooks.cli_json import Check
+    from runbooks.fixer import execute, prepare, render_outcome, render_plan, write_postmortem
     from runbooks.journal import now
     from runbooks.policy import load_policy
     from runbooks.target import resolve_target
@@ -241,23 +266,7 @@ def cmd_fix(args: argparse.Namespace) -> int:
 
     def done(code: int, outcome: str, detail: str = "", **more: Any) -> int:
         if args.json:
-            _emit(
-                args,
-                FixResult(
-                    exit_code=code,
-                    host=target.name,
-                    container=args.container,
-                    bundle=prepared.bundle,
-                    incident=d.incident,
-                    confidence=d.confidence,
-                    summary=d.summary,
-                    plan=Plan(diff=list(plan.diff), steps=list(plan.steps)) if plan else None,
-                    outcome=outcome,
-                    detail=detail,
-                    failed_sources=_failures(Path(prepared.bundle))[1],
-                    **more,
-                ),
-            )
+            _emit(args, _fix_result(args, target.name, prepared, code, outcome, detail, **more))
         return code
 
     if plan is None:
@@ -267,11 +276,7 @@ def cmd_fix(args: argparse.Namespace) -> int:
         detail = "dry run: nothing was changed. Add --apply (and --yes) to make this change."
         show(detail)
         return done(EXIT_OK, "planned", detail)
-    confirmed = args.yes or (
-        not args.json and _confirm(f"Apply this change to {target.name}/{args.container}?")
-    )
-    tags = target.host.tags if target.host else ()
-    why = refusal(plan, tags, policy, settings, confirmed)
+    why = _fix_refusal(args, target, plan, policy, settings)
     if why is not None:
         show(f"cudamedic: refused: {why}", err=True)
         return done(EXIT_REFUSED, "refused", why)
@@ -285,6 +290,49 @@ def cmd_fix(args: argparse.Namespace) -> int:
         outcome.message,
         checks=[Check(name=c.name, ok=c.ok, detail=c.detail) for c in outcome.checks],
         report=str(report),
+    )
+
+
+def _fix_refusal(
+    args: argparse.Namespace, target: Target, plan: FixPlan, policy: Policy, settings: Settings
+) -> str | None:
+    """Why the planned fix may not be made now (None: it may). Asks for a confirmation on a
+    terminal unless --yes (never with --json)."""
+    from runbooks.fixer import refusal
+
+    confirmed = args.yes or (
+        not args.json and _confirm(f"Apply this change to {target.name}/{args.container}?")
+    )
+    tags = target.host.tags if target.host else ()
+    return refusal(plan, tags, policy, settings, confirmed)
+
+
+def _fix_result(
+    args: argparse.Namespace,
+    host: str,
+    prepared: Prepared,
+    code: int,
+    outcome: str,
+    detail: str,
+    **more: Any,
+) -> FixResult:
+    """The --json object of `fix` (docs/cli-json.md)."""
+    from runbooks.cli_json import FixResult, Plan
+
+    d, plan = prepared.diagnosis, prepared.plan
+    return FixResult(
+        exit_code=code,
+        host=host,
+        container=args.container,
+        bundle=prepared.bundle,
+        incident=d.incident,
+        confidence=d.confidence,
+        summary=d.summary,
+        plan=Plan(diff=list(plan.diff), steps=list(plan.steps)) if plan else None,
+        outcome=outcome,
+        detail=detail,
+        failed_sources=_failures(Path(prepared.bundle))[1],
+        **more,
     )
 
 
@@ -328,17 +376,9 @@ def _prefect(args: argparse.Namespace, settings: Settings) -> str:
 
 def cmd_triage(args: argparse.Namespace) -> int:
     from runbooks.journal import who
-    from runbooks.runbook import load_runbook
-    from runbooks.target import resolve_target
 
     settings = _settings(args)
-    if args.container:
-        from runbooks.names import container_name
-
-        container_name(args.container)
-    # Bad input is refused here, before a flow run starts.
-    resolve_target(args.target, _inventory(settings))
-    load_runbook(settings.runbook, "incident")
+    _check_triage_input(args, settings)
     api = _prefect(args, settings)
     from flows.triage import triage
     from runbooks import progress
@@ -362,6 +402,29 @@ def cmd_triage(args: argparse.Namespace) -> int:
         raise NoSuchContainer(response.detail)
     _say_failures(response.host, Path(response.bundle))
     reason, failed = _failures(Path(response.bundle))
+    _show_response(response)
+    code = EXIT_UNREACHABLE if reason else OUTCOME_EXIT.get(response.outcome, EXIT_FAILED)
+    if args.json:
+        _emit(args, _triage_result(response, code, reason, failed))
+    return code
+
+
+def _check_triage_input(args: argparse.Namespace, settings: Settings) -> None:
+    """Refuse bad input here, before a flow run starts."""
+    from runbooks.runbook import load_runbook
+    from runbooks.target import resolve_target
+
+    if args.container:
+        from runbooks.names import container_name
+
+        container_name(args.container)
+    resolve_target(args.target, _inventory(settings))
+    load_runbook(settings.runbook, "incident")
+
+
+def _show_response(response: Response) -> None:
+    """What a response found and did, one line each (the fix's diff and similar incidents
+    indented below their heading)."""
     show(f"incident:  {response.incident} (confidence {response.confidence:.2f})")
     where = response.host + (f" / {response.container}" if response.container else "")
     show(f"where:     {where}")
@@ -380,32 +443,32 @@ def cmd_triage(args: argparse.Namespace) -> int:
     show(f"report:    {response.report}")
     if response.flow_run_url:
         show(f"flow run:  {response.flow_run_url}")
-    code = EXIT_UNREACHABLE if reason else OUTCOME_EXIT.get(response.outcome, EXIT_FAILED)
-    if args.json:
-        from runbooks.cli_json import TriageResult
 
-        _emit(
-            args,
-            TriageResult(
-                exit_code=code,
-                host=response.host,
-                container=response.container,
-                incident=response.incident,
-                confidence=response.confidence,
-                summary=response.summary,
-                outcome=response.outcome,
-                detail=response.detail,
-                diff=response.diff,
-                approval=response.approval,
-                bundle=response.bundle,
-                report=response.report,
-                flow_run_url=response.flow_run_url,
-                reachable=reason is None,
-                reason=reason,
-                failed_sources=failed,
-            ),
-        )
-    return code
+
+def _triage_result(
+    response: Response, code: int, reason: str | None, failed: list[FailedSource]
+) -> TriageResult:
+    """The --json object of `triage` (docs/cli-json.md)."""
+    from runbooks.cli_json import TriageResult
+
+    return TriageResult(
+        exit_code=code,
+        host=response.host,
+        container=response.container,
+        incident=response.incident,
+        confidence=response.confidence,
+        summary=response.summary,
+        outcome=response.outcome,
+        detail=response.detail,
+        diff=response.diff,
+        approval=response.approval,
+        bundle=response.bundle,
+        report=response.report,
+        flow_run_url=response.flow_run_url,
+        reachable=reason is None,
+        reason=reason,
+        failed_sources=failed,
+    )
 
 
 def cmd_approve(args: argparse.Namespace) -> int:
@@ -421,16 +484,8 @@ def cmd_approve(args: argparse.Namespace) -> int:
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
-    from runbooks.errors import InputError
-    from runbooks.runbook import load_runbook
-    from runbooks.sweep import select_hosts
-
     settings = _settings(args)
-    # Bad input is refused here, before a flow run starts.
-    inventory = _required_inventory(settings, "a sweep")
-    load_runbook(settings.sweep_runbook, "sweep")
-    if not select_hosts(inventory, args.host or None, args.tag or None):
-        raise InputError("no inventory host matches --host/--tag")
+    _check_sweep_input(args, settings)
     api = _prefect(args, settings)
     from flows.sweep import fleet_health_check
     from runbooks import progress
@@ -448,6 +503,27 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     still = {v: sorted(h for h, x in verdicts.items() if x == v) for v in ("drain", "warning")}
     counts = {v: len(hosts) for v, hosts in still.items()}
     counts["healthy"] = result.hosts - counts["drain"] - counts["warning"]
+    _show_sweep(result, counts)
+    code = EXIT_INTERNAL if counts["drain"] and args.fail_on_drain else EXIT_OK
+    if args.json:
+        _emit(args, _sweep_result(result, code, counts, still))
+    return code
+
+
+def _check_sweep_input(args: argparse.Namespace, settings: Settings) -> None:
+    """Refuse bad input here, before a flow run starts."""
+    from runbooks.errors import InputError
+    from runbooks.runbook import load_runbook
+    from runbooks.sweep import select_hosts
+
+    inventory = _required_inventory(settings, "a sweep")
+    load_runbook(settings.sweep_runbook, "sweep")
+    if not select_hosts(inventory, args.host or None, args.tag or None):
+        raise InputError("no inventory host matches --host/--tag")
+
+
+def _show_sweep(result: SweepRun, counts: dict[str, int]) -> None:
+    """The sweep's verdict counts, what is new, changed or resolved, and where to read more."""
     show(
         f"{result.hosts} hosts in {result.duration_s:.1f} s: {counts['drain']} drain, "
         f"{counts['warning']} warning, {counts['healthy']} healthy"
@@ -467,36 +543,36 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     show(f"report:    {result.report}")
     if result.flow_run_url:
         show(f"flow run:  {result.flow_run_url}")
-    code = EXIT_INTERNAL if counts["drain"] and args.fail_on_drain else EXIT_OK
-    if args.json:
-        from runbooks.cli_json import SweepChange, SweepResult
 
-        _emit(
-            args,
-            SweepResult(
-                exit_code=code,
-                hosts=result.hosts,
-                duration_s=result.duration_s,
-                counts=counts,
-                verdicts=verdicts,
-                still=still,
-                changes=[
-                    SweepChange(
-                        change=c.change,
-                        host=c.host,
-                        code=c.code,
-                        subject=c.subject or None,
-                        level=c.level,
-                        message=c.message,
-                    )
-                    for c in result.changes
-                ],
-                responses=result.responses,
-                report=result.report,
-                flow_run_url=result.flow_run_url,
-            ),
-        )
-    return code
+
+def _sweep_result(
+    result: SweepRun, code: int, counts: dict[str, int], still: dict[str, list[str]]
+) -> SweepResult:
+    """The --json object of `sweep` (docs/cli-json.md)."""
+    from runbooks.cli_json import SweepChange, SweepResult
+
+    return SweepResult(
+        exit_code=code,
+        hosts=result.hosts,
+        duration_s=result.duration_s,
+        counts=counts,
+        verdicts=result.verdicts,
+        still=still,
+        changes=[
+            SweepChange(
+                change=c.change,
+                host=c.host,
+                code=c.code,
+                subject=c.subject or None,
+                level=c.level,
+                message=c.message,
+            )
+            for c in result.changes
+        ],
+        responses=result.responses,
+        report=result.report,
+        flow_run_url=result.flow_run_url,
+    )
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -677,34 +753,43 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"cudamedic {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
+    for add_subcommand in SUBCOMMANDS:
+        add_subcommand(sub)
+    return parser
 
+
+# -- the subcommands' parsers: one function each, listed in SUBCOMMANDS -----------------------
+TARGET_HELP = "'local', an inventory host name, or ssh://user@host[:port]"
+JSON_HELP = "print one JSON object (docs/cli-json.md)"
+
+
+def _collect_parser(sub: Subparsers) -> None:
     p = sub.add_parser("collect", help="gather an evidence bundle from a host")
-    p.add_argument(
-        "target",
-        nargs="*",
-        help="'local', an inventory host name, or ssh://user@host[:port] (several: "
-        "collected at once)",
-    )
+    p.add_argument("target", nargs="*", help=f"{TARGET_HELP} (several: collected at once)")
     p.add_argument("--all", action="store_true", help="every host of the inventory")
     p.add_argument("--container", help="the container to examine (default: every GPU container)")
     p.add_argument("--out", type=Path, help="directory for bundles (default: ./bundles)")
     p.add_argument("--inventory", type=Path, help="inventory file (YAML or Ansible YAML/INI)")
     p.add_argument("--trigger", help="the text that triggered this (e.g. a pasted error)")
     p.add_argument("--tar", action="store_true", help="also pack the bundle as .tar.gz")
-    p.add_argument("--json", action="store_true", help="print one JSON object (docs/cli-json.md)")
+    p.add_argument("--json", action="store_true", help=JSON_HELP)
     p.set_defaults(func=cmd_collect)
 
+
+def _fix_parser(sub: Subparsers) -> None:
     p = sub.add_parser("fix", help="plan (and with --apply, make) the safe fix for a container")
-    p.add_argument("target", help="'local', an inventory host name, or ssh://user@host[:port]")
+    p.add_argument("target", help=TARGET_HELP)
     p.add_argument("--container", required=True)
     p.add_argument("--apply", action="store_true", help="make the change (default: dry run)")
     p.add_argument("--yes", action="store_true", help="do not ask for confirmation")
     p.add_argument("--policy", type=Path, help="fix policy (unattended classes, blast radius)")
     p.add_argument("--inventory", type=Path)
     p.add_argument("--trigger", help="the text that triggered this")
-    p.add_argument("--json", action="store_true", help="print one JSON object (docs/cli-json.md)")
+    p.add_argument("--json", action="store_true", help=JSON_HELP)
     p.set_defaults(func=cmd_fix)
 
+
+def _confirm_parser(sub: Subparsers) -> None:
     p = sub.add_parser(
         "confirm",
         help="confirm (or correct) the cause of a post-mortem, so it is cited as a known incident",
@@ -714,16 +799,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--by", help="who confirms (default: this user@host)")
     p.set_defaults(func=cmd_confirm)
 
+
+def _rollback_parser(sub: Subparsers) -> None:
     p = sub.add_parser("rollback", help="restore the container a fix replaced (its backup)")
     p.add_argument("target")
     p.add_argument("--container", required=True)
     p.add_argument("--inventory", type=Path)
     p.set_defaults(func=cmd_rollback)
 
+
+def _triage_parser(sub: Subparsers) -> None:
     p = sub.add_parser(
         "triage", help="respond to an incident: collect, diagnose, plan, approve, fix, report"
     )
-    p.add_argument("target", help="'local', an inventory host name, or ssh://user@host[:port]")
+    p.add_argument("target", help=TARGET_HELP)
     p.add_argument("--container", help="the broken container (default: every GPU container)")
     p.add_argument("--trigger", help="the text that triggered this (e.g. a pasted error)")
     p.add_argument("--apply", action="store_true", help="fix after approval (default: dry run)")
@@ -732,9 +821,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--no-input", action="store_true", help="never prompt; wait for `cudamedic approve`"
     )
     p.add_argument("--inventory", type=Path)
-    p.add_argument("--json", action="store_true", help="print one JSON object (docs/cli-json.md)")
+    p.add_argument("--json", action="store_true", help=JSON_HELP)
     p.set_defaults(func=cmd_triage)
 
+
+def _approve_parser(sub: Subparsers) -> None:
     p = sub.add_parser("approve", help="answer a fix that waits for approval")
     p.add_argument("run_id", help="the flow run id `cudamedic triage` printed")
     p.add_argument("--reject", action="store_true", help="reject instead of approve")
@@ -742,6 +833,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--reason", help="why")
     p.set_defaults(func=cmd_approve)
 
+
+def _sweep_parser(sub: Subparsers) -> None:
     p = sub.add_parser("sweep", help="check the health of every inventory host once")
     p.add_argument("--inventory", type=Path)
     p.add_argument("--host", action="append", help="only this host (repeatable)")
@@ -757,15 +850,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--fail-on-drain", action="store_true", help="exit 1 when a host should be drained"
     )
-    p.add_argument("--json", action="store_true", help="print one JSON object (docs/cli-json.md)")
+    p.add_argument("--json", action="store_true", help=JSON_HELP)
     p.set_defaults(func=cmd_sweep)
 
+
+def _serve_parser(sub: Subparsers) -> None:
     p = sub.add_parser(
         "serve", help="serve the deployments: incident response, and the sweep on its schedule"
     )
     p.add_argument("--inventory", type=Path)
     p.set_defaults(func=cmd_serve)
 
+
+def _alerts_parser(sub: Subparsers) -> None:
     p = sub.add_parser(
         "alerts", help="receive Alertmanager webhooks; each new firing alert starts a response"
     )
@@ -774,6 +871,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, help="port (default 9095; 0 picks a free one)")
     p.set_defaults(func=cmd_alerts)
 
+
+def _slack_parser(sub: Subparsers) -> None:
     p = sub.add_parser(
         "slack",
         help="the Slack app (Socket Mode with an app token, else HTTP): /cudamedic, approvals",
@@ -783,18 +882,26 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, help="port (default 3000; 0 picks a free one)")
     p.set_defaults(func=cmd_slack)
 
+
+def _server_parser(sub: Subparsers) -> None:
     p = sub.add_parser("server", help="the embedded local Prefect server")
     p.add_argument("action", choices=["start", "stop", "status"])
     p.set_defaults(func=cmd_server)
 
+
+def _breaker_parser(sub: Subparsers) -> None:
     p = sub.add_parser("breaker", help="the fleet-wide circuit breaker for unattended fixes")
     p.add_argument("action", choices=["status", "reset"])
     p.set_defaults(func=cmd_breaker)
 
+
+def _completion_parser(sub: Subparsers) -> None:
     p = sub.add_parser("completion", help="print a shell completion script")
     p.add_argument("shell", choices=["bash"])
     p.set_defaults(func=cmd_completion)
 
+
+def _classify_parser(sub: Subparsers) -> None:
     p = sub.add_parser(
         "classify",
         help="diagnose a bundle (directory, .tar.gz or a log file; - reads a pasted error)",
@@ -807,7 +914,26 @@ def build_parser() -> argparse.ArgumentParser:
         help="also list every class that matched, its evidence and why the winner won",
     )
     p.set_defaults(func=cmd_classify)
-    return parser
+
+
+# Every subcommand, in the order `cudamedic --help` lists them. A new one: a `_NAME_parser`
+# function above (its arguments, `set_defaults(func=cmd_NAME)`) and its place here.
+SUBCOMMANDS: tuple[Callable[[Subparsers], None], ...] = (
+    _collect_parser,
+    _fix_parser,
+    _confirm_parser,
+    _rollback_parser,
+    _triage_parser,
+    _approve_parser,
+    _sweep_parser,
+    _serve_parser,
+    _alerts_parser,
+    _slack_parser,
+    _server_parser,
+    _breaker_parser,
+    _completion_parser,
+    _classify_parser,
+)
 
 
 def _version() -> str:

@@ -64,13 +64,38 @@ def run_args(inspect: dict[str, Any], image_env: list[str] | None = None) -> lis
     """The `docker run` arguments (without `docker run`) that would recreate this container."""
     config, host = _d(inspect.get("Config")), _d(inspect.get("HostConfig"))
     args: list[str] = [f"--name {str(inspect.get('Name', '')).lstrip('/')}"]
-    for g in gpus_arg(_l(host.get("DeviceRequests"))):
-        args.append(f"--gpus {g}")
+    args += _gpu_args(host)
+    args += _isolation_args(host)
+    args += _network_and_storage_args(host)
+    args += _restart_and_limit_args(host)
+    args += _process_args(config, image_env)
+    log = _d(host.get("LogConfig"))
+    if log.get("Type") and log.get("Type") != "json-file":
+        args.append(f"--log-driver {log['Type']}")
+    if config.get("Entrypoint"):
+        entrypoint = redact_argv([str(e) for e in config["Entrypoint"]])
+        args.append(f"--entrypoint {shlex.quote(' '.join(entrypoint))}")
+    args.append(str(config.get("Image") or inspect.get("Image") or "?"))
+    cmd = _l(config.get("Cmd"))
+    if cmd:
+        args.append(shlex.join(redact_argv([str(c) for c in cmd])))
+    return args
+
+
+def _gpu_args(host: dict[str, Any]) -> list[str]:
+    """--gpus, --runtime and --device: how the container reaches the GPUs."""
+    args = [f"--gpus {g}" for g in gpus_arg(_l(host.get("DeviceRequests")))]
     if host.get("Runtime") and host.get("Runtime") != "runc":
         args.append(f"--runtime {host['Runtime']}")
     for dev in _l(host.get("Devices")):
         if isinstance(dev, dict):
             args.append(f"--device {dev.get('PathOnHost')}:{dev.get('PathInContainer')}")
+    return args
+
+
+def _isolation_args(host: dict[str, Any]) -> list[str]:
+    """--ipc, --shm-size, --ulimit, the capabilities and --privileged."""
+    args = []
     ipc = str(host.get("IpcMode") or "")
     if ipc and ipc not in ("private", "shareable"):
         args.append(f"--ipc {ipc}")
@@ -82,17 +107,20 @@ def run_args(inspect: dict[str, Any], image_env: list[str] | None = None) -> lis
             soft, hard = u.get("Soft"), u.get("Hard")
             value = f"{soft}" if soft == hard else f"{soft}:{hard}"
             args.append(f"--ulimit {u.get('Name')}={value}")
-    for cap in _l(host.get("CapAdd")):
-        args.append(f"--cap-add {cap}")
-    for cap in _l(host.get("CapDrop")):
-        args.append(f"--cap-drop {cap}")
+    args += [f"--cap-add {cap}" for cap in _l(host.get("CapAdd"))]
+    args += [f"--cap-drop {cap}" for cap in _l(host.get("CapDrop"))]
     if host.get("Privileged"):
         args.append("--privileged")
+    return args
+
+
+def _network_and_storage_args(host: dict[str, Any]) -> list[str]:
+    """--network, the binds (-v) and mounts (--mount), and the published ports (-p)."""
+    args = []
     net = str(host.get("NetworkMode") or "")
     if net and net not in ("default", "bridge"):
         args.append(f"--network {net}")
-    for bind in _l(host.get("Binds")):
-        args.append(f"-v {bind}")
+    args += [f"-v {bind}" for bind in _l(host.get("Binds"))]
     for m in _l(host.get("Mounts")):
         if isinstance(m, dict):
             ro = ",readonly" if m.get("ReadOnly") else ""
@@ -105,6 +133,12 @@ def run_args(inspect: dict[str, Any], image_env: list[str] | None = None) -> lis
             if isinstance(b, dict):
                 hip = f"{b.get('HostIp')}:" if b.get("HostIp") else ""
                 args.append(f"-p {hip}{b.get('HostPort')}:{port.replace('/tcp', '')}")
+    return args
+
+
+def _restart_and_limit_args(host: dict[str, Any]) -> list[str]:
+    """--restart, --memory and --cpus."""
+    args = []
     restart = _d(host.get("RestartPolicy"))
     if restart.get("Name") and restart.get("Name") != "no":
         count = f":{restart['MaximumRetryCount']}" if restart.get("MaximumRetryCount") else ""
@@ -113,6 +147,12 @@ def run_args(inspect: dict[str, Any], image_env: list[str] | None = None) -> lis
         args.append(f"--memory {fmt_size(int(host['Memory']))}")
     if host.get("NanoCpus"):
         args.append(f"--cpus {int(host['NanoCpus']) / 1e9:g}")
+    return args
+
+
+def _process_args(config: dict[str, Any], image_env: list[str] | None) -> list[str]:
+    """--user, -w, the env the run set (-e, secrets masked), --label and --health-cmd."""
+    args = []
     if config.get("User"):
         args.append(f"--user {config['User']}")
     if config.get("WorkingDir"):
@@ -127,16 +167,6 @@ def run_args(inspect: dict[str, Any], image_env: list[str] | None = None) -> lis
     if _d(config.get("Healthcheck")).get("Test"):
         test = redact_argv([str(t) for t in config["Healthcheck"]["Test"][1:]])
         args.append(f"--health-cmd {shlex.quote(' '.join(test))}")
-    log = _d(host.get("LogConfig"))
-    if log.get("Type") and log.get("Type") != "json-file":
-        args.append(f"--log-driver {log['Type']}")
-    if config.get("Entrypoint"):
-        entrypoint = redact_argv([str(e) for e in config["Entrypoint"]])
-        args.append(f"--entrypoint {shlex.quote(' '.join(entrypoint))}")
-    args.append(str(config.get("Image") or inspect.get("Image") or "?"))
-    cmd = _l(config.get("Cmd"))
-    if cmd:
-        args.append(shlex.join(redact_argv([str(c) for c in cmd])))
     return args
 
 

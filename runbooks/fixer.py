@@ -30,7 +30,7 @@ from runbooks.settings import Settings
 from runbooks.target import Target
 
 if TYPE_CHECKING:
-    from reports.render import PostMortem
+    from reports.render import CheckResult, PostMortem, TimelineEvent
 
 log = logging.getLogger(__name__)
 
@@ -327,53 +327,19 @@ def postmortem(
 ) -> PostMortem:
     """The post-mortem of one response. `outcome`: the fix's, when one was applied; otherwise
     `status`/`detail` say where it stopped (planned, rejected, approval-timed-out, ...)."""
-    from reports.render import CheckResult, PostMortem, TimelineEvent
+    from reports.render import PostMortem, TimelineEvent
 
     d, plan = prepared.diagnosis, prepared.plan
     container = plan.container if plan else d.container
-    timeline = [TimelineEvent(at=at, event=ev, detail=redact_text(det)) for at, ev, det in events]
-    if not events:
-        timeline = [
-            TimelineEvent(at=started, event="fix started", detail=f"cudamedic fix by {who()}"),
-            TimelineEvent(
-                at=started, event="evidence collected", detail=f"bundle {prepared.bundle}"
-            ),
-            TimelineEvent(
-                at=started,
-                event="diagnosed",
-                detail=f"{d.incident} (confidence {d.confidence:.2f})",
-            ),
-        ]
+    timeline = _timeline(prepared, started, events)
     if container and outcome is not None:
-        for r in Journal(settings.state_path, host, container).current():
-            try:
-                at = datetime.fromisoformat(str(r.get("at")))
-            except ValueError:
-                continue
-            event, what = journal_event(r)
-            timeline.append(TimelineEvent(at=at, event=event, detail=what))
+        timeline += _journal_timeline(settings, host, container)
     ended = now()
     down_since, running = _workload_state(prepared.bundle, container)
-    restored = _verified_at(settings, host, container) if outcome is not None else None
-    if outcome is not None and outcome.status in ("fixed", "recovered") and restored is None:
-        restored = ended
+    restored = _restored_at(settings, host, container, outcome, ended)
     final = outcome.status if outcome is not None else (status or "diagnosed")
     timeline.append(TimelineEvent(at=ended, event=f"outcome: {final}"))
-    if outcome is not None and outcome.status == "fixed":
-        actions = [
-            f"Watch {container}'s next run; the backup {outcome.backup} is kept for "
-            f"{settings.fix_backup_retention_h:g} h (`cudamedic rollback` restores it).",
-            "Fix the launch configuration at its source (compose file, job template) so "
-            "the next deployment does not bring the problem back.",
-        ]
-    else:
-        actions = list(d.fix.steps) if d.fix is not None else []
-        if outcome is not None:
-            actions.insert(0, f"Read the outcome: {outcome.message}")
-        elif plan is not None and final != "planned":
-            actions.insert(
-                0, f"The fix was not applied ({final}); `cudamedic triage` again to retry."
-            )
+    actions = _action_items(prepared, settings, container, outcome, final)
     return PostMortem(
         host=host,
         container=container,
@@ -390,9 +356,7 @@ def postmortem(
         evidence=d.evidence,
         secondary=d.secondary,
         docker_run_diff=plan.diff if plan else (),
-        checks=tuple(CheckResult(name=c.name, ok=c.ok, detail=c.detail) for c in outcome.checks)
-        if outcome is not None
-        else (),
+        checks=_check_results(outcome),
         timeline=tuple(sorted(timeline, key=lambda e: e.at)),
         action_items=tuple(redact_text(a) for a in actions),
         links=links or {},
@@ -407,6 +371,88 @@ def postmortem(
         running_at_collection=running,
         restored_at=restored,
     )
+
+
+def _restored_at(
+    settings: Settings, host: str, container: str | None, outcome: Outcome | None, ended: datetime
+) -> datetime | None:
+    """When the workload ran again: the fix journal's verification, else the end of a response
+    whose fix was applied and fixed or recovered (None: it was not restored)."""
+    if outcome is None:
+        return None
+    restored = _verified_at(settings, host, container)
+    if outcome.status in ("fixed", "recovered") and restored is None:
+        return ended
+    return restored
+
+
+def _check_results(outcome: Outcome | None) -> tuple[CheckResult, ...]:
+    """The verification checks of an applied fix, as the report shows them."""
+    from reports.render import CheckResult
+
+    if outcome is None:
+        return ()
+    return tuple(CheckResult(name=c.name, ok=c.ok, detail=c.detail) for c in outcome.checks)
+
+
+def _timeline(
+    prepared: Prepared, started: datetime, events: Sequence[tuple[datetime, str, str]]
+) -> list[TimelineEvent]:
+    """The response's own events (redacted); without any, those of a `cudamedic fix` run."""
+    from reports.render import TimelineEvent
+
+    if events:
+        return [TimelineEvent(at=at, event=ev, detail=redact_text(det)) for at, ev, det in events]
+    d = prepared.diagnosis
+    return [
+        TimelineEvent(at=started, event="fix started", detail=f"cudamedic fix by {who()}"),
+        TimelineEvent(at=started, event="evidence collected", detail=f"bundle {prepared.bundle}"),
+        TimelineEvent(
+            at=started,
+            event="diagnosed",
+            detail=f"{d.incident} (confidence {d.confidence:.2f})",
+        ),
+    ]
+
+
+def _journal_timeline(settings: Settings, host: str, container: str) -> list[TimelineEvent]:
+    """The steps of the container's current fix journal, as a timeline says them."""
+    from reports.render import TimelineEvent
+
+    timeline = []
+    for r in Journal(settings.state_path, host, container).current():
+        try:
+            at = datetime.fromisoformat(str(r.get("at")))
+        except ValueError:
+            continue
+        event, what = journal_event(r)
+        timeline.append(TimelineEvent(at=at, event=event, detail=what))
+    return timeline
+
+
+def _action_items(
+    prepared: Prepared,
+    settings: Settings,
+    container: str | None,
+    outcome: Outcome | None,
+    final: str,
+) -> list[str]:
+    """What people should do next: after a fix, watch it and fix the launch configuration at its
+    source; otherwise the diagnosis's manual steps, after why the fix did not happen."""
+    if outcome is not None and outcome.status == "fixed":
+        return [
+            f"Watch {container}'s next run; the backup {outcome.backup} is kept for "
+            f"{settings.fix_backup_retention_h:g} h (`cudamedic rollback` restores it).",
+            "Fix the launch configuration at its source (compose file, job template) so "
+            "the next deployment does not bring the problem back.",
+        ]
+    fix = prepared.diagnosis.fix
+    actions = list(fix.steps) if fix is not None else []
+    if outcome is not None:
+        actions.insert(0, f"Read the outcome: {outcome.message}")
+    elif prepared.plan is not None and final != "planned":
+        actions.insert(0, f"The fix was not applied ({final}); `cudamedic triage` again to retry.")
+    return actions
 
 
 # A fix's journal steps (runbooks/recreate.py) as a timeline says them.

@@ -372,7 +372,21 @@ def create_spec(
             f"container's image; using the image ID {str(inspect.get('Image'))[:19]}"
         )
     host = apply_change(inspect.get("HostConfig") or {}, change)
-    # Anonymous volumes would be created anew (empty) by a plain recreate: pin the old ones.
+    _pin_anonymous_volumes(inspect, host)
+    networking, extra = _networks(inspect, str(host.get("NetworkMode") or "default"))
+    return CreateSpec(
+        name=str(inspect.get("Name", "")).lstrip("/"),
+        config=config,
+        host_config=host,
+        networking=networking,
+        extra_networks=extra,
+        image_note=image_note,
+    )
+
+
+def _pin_anonymous_volumes(inspect: dict[str, Any], host: dict[str, Any]) -> None:
+    """Anonymous volumes would be created anew (empty) by a plain recreate: point `host`'s
+    mounts and binds at the old ones (changes `host`)."""
     by_dest = {m.get("Destination"): m for m in inspect.get("Mounts") or [] if isinstance(m, dict)}
     pinned = []
     for m in host.get("Mounts") or []:
@@ -394,8 +408,14 @@ def create_spec(
             binds.append(f"{m['Name']}:{m['Destination']}" + ("" if m.get("RW", True) else ":ro"))
     if binds:
         host["Binds"] = binds
+
+
+def _networks(
+    inspect: dict[str, Any], mode: str
+) -> tuple[dict[str, Any] | None, dict[str, dict[str, Any]]]:
+    """The container's networks as the create request takes them: the first (its network mode's,
+    if it is one) in the request, the others to connect after it. `mode`: HostConfig.NetworkMode."""
     networks = dict((inspect.get("NetworkSettings") or {}).get("Networks") or {})
-    mode = str(host.get("NetworkMode") or "default")
     endpoints: dict[str, dict[str, Any]] = {}
     short_id = str(inspect.get("Id", ""))[:12]
     for net, ep in networks.items():
@@ -415,14 +435,7 @@ def create_spec(
     first = mode if mode in endpoints else next(iter(endpoints), None)
     networking = {"EndpointsConfig": {first: endpoints[first]}} if first else None
     extra = {k: v for k, v in endpoints.items() if k != first}
-    return CreateSpec(
-        name=str(inspect.get("Name", "")).lstrip("/"),
-        config=config,
-        host_config=host,
-        networking=networking,
-        extra_networks=extra,
-        image_note=image_note,
-    )
+    return networking, extra
 
 
 def backup_name(name: str, now: datetime) -> str:
@@ -445,15 +458,7 @@ def plan_fix(
     assert fix.safe and fix.change is not None
     name = str(inspect.get("Name", "")).lstrip("/")
     spec = create_spec(inspect, fix.change, current_image_id)
-    after_inspect = {
-        **inspect,
-        "Config": {**(inspect.get("Config") or {}), **spec.config},
-        "HostConfig": spec.host_config,
-    }
-    # What people see of the container's `docker run` (plan, approval, report, Slack) is
-    # redacted; the container itself is recreated from `spec`, which keeps every value.
-    before = [redact_text(a) for a in run_args(inspect, image_env)]
-    after = [redact_text(a) for a in run_args(after_inspect, image_env)]
+    before, after = _docker_runs(inspect, spec, image_env)
     if before == after:
         raise FixError(
             f"{name} already runs with {' '.join(fix.docker_run) or 'this fix'}; nothing to change"
@@ -463,22 +468,8 @@ def plan_fix(
     backup = backup_name(name, now)
     restart = dict((inspect.get("HostConfig") or {}).get("RestartPolicy") or {"Name": "no"})
     checks = _checks(fix.change, settle_s)
-    steps = [
-        f"Take the fix lock for {host}/{name} and write every step to the journal first.",
-        f"Snapshot `docker inspect {name}` to the journal.",
-        (
-            f"Stop {name} (it is running)."
-            if was_running
-            else f"{name} is not running ({state.get('Status', '?')}); nothing to stop."
-        ),
-        f"Set its restart policy to 'no' and rename it to {backup} (the backup).",
-        f"Create {name} again with the same image, command, env, mounts, volumes, networks, "
-        f"restart policy and limits, changing only: {' '.join(fix.docker_run)}.",
-        f"Start it and verify for {settle_s:g}s: " + "; ".join(checks) + ".",
-        f"If any step fails: remove the new {name}, rename {backup} back, restore its restart "
-        f"policy{', and start it' if was_running else ''}. Volumes are never removed.",
-        f"On success keep {backup} for {retention_h:g} h; `cudamedic rollback` restores it.",
-    ]
+    status = str(state.get("Status", "?"))
+    steps = _steps(host, name, fix, backup, checks, was_running, status, settle_s, retention_h)
     if spec.image_note:
         steps.insert(4, f"Note: {spec.image_note}.")
     return FixPlan(
@@ -498,6 +489,52 @@ def plan_fix(
         restart_policy=restart,
         checks=tuple(checks),
     )
+
+
+def _docker_runs(
+    inspect: dict[str, Any], spec: CreateSpec, image_env: list[str] | None
+) -> tuple[list[str], list[str]]:
+    """The container's `docker run` before the fix and after it (as `spec` recreates it)."""
+    after_inspect = {
+        **inspect,
+        "Config": {**(inspect.get("Config") or {}), **spec.config},
+        "HostConfig": spec.host_config,
+    }
+    # What people see of the container's `docker run` (plan, approval, report, Slack) is
+    # redacted; the container itself is recreated from `spec`, which keeps every value.
+    before = [redact_text(a) for a in run_args(inspect, image_env)]
+    after = [redact_text(a) for a in run_args(after_inspect, image_env)]
+    return before, after
+
+
+def _steps(
+    host: str,
+    name: str,
+    fix: Fix,
+    backup: str,
+    checks: list[str],
+    was_running: bool,
+    status: str,
+    settle_s: float,
+    retention_h: float,
+) -> list[str]:
+    """The plan's steps as a person reads them. `status`: the container's (State.Status)."""
+    return [
+        f"Take the fix lock for {host}/{name} and write every step to the journal first.",
+        f"Snapshot `docker inspect {name}` to the journal.",
+        (
+            f"Stop {name} (it is running)."
+            if was_running
+            else f"{name} is not running ({status}); nothing to stop."
+        ),
+        f"Set its restart policy to 'no' and rename it to {backup} (the backup).",
+        f"Create {name} again with the same image, command, env, mounts, volumes, networks, "
+        f"restart policy and limits, changing only: {' '.join(fix.docker_run)}.",
+        f"Start it and verify for {settle_s:g}s: " + "; ".join(checks) + ".",
+        f"If any step fails: remove the new {name}, rename {backup} back, restore its restart "
+        f"policy{', and start it' if was_running else ''}. Volumes are never removed.",
+        f"On success keep {backup} for {retention_h:g} h; `cudamedic rollback` restores it.",
+    ]
 
 
 def _checks(change: ContainerChange, settle_s: float) -> list[str]:

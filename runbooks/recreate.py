@@ -21,7 +21,7 @@ from typing import Any, Literal
 from runbooks.errors import CudamedicError, RollbackFailed, VerifyFailed
 from runbooks.journal import Journal
 from runbooks.logscan import scan_text, signatures
-from runbooks.model import FixPlan, Frozen
+from runbooks.model import ContainerChange, FixPlan, Frozen
 from runbooks.names import BACKUP_RE
 from runbooks.remote.docker import DockerEngine
 from runbooks.settings import Settings
@@ -311,16 +311,24 @@ def verify(
         checks.append(_health(engine, new_id, settings, sleep))
     running = checks[0].ok
     host = info.get("HostConfig") or {}
-    change = plan.change
+    checks += _change_checks(engine, plan.change, new_id, host, running, settings)
+    checks.append(_no_recurrence(engine, plan, new_id, started))
+    return checks
+
+
+def _change_checks(
+    engine: DockerEngine,
+    change: ContainerChange,
+    new_id: str,
+    host: dict[str, Any],
+    running: bool,
+    settings: Settings,
+) -> list[Check]:
+    """Whether the new container has what the fix changed: in its HostConfig, and where it is
+    `running`, as seen from inside it."""
+    checks = []
     if change.shm_size is not None:
-        ok = host.get("ShmSize") == change.shm_size
-        detail = f"HostConfig.ShmSize {host.get('ShmSize')}"
-        if ok and running:
-            res = engine.exec(new_id, ["df", "-k", "/dev/shm"], settings.exec_timeout, 65536)
-            kb = _df_kb(res.stdout.decode("utf-8", "replace"))
-            ok = kb is not None and kb * 1024 >= change.shm_size * 0.99
-            detail += f"; df -k /dev/shm: {kb} KiB"
-        checks.append(Check(name="shm-size", ok=ok, detail=detail))
+        checks.append(_shm_check(engine, change.shm_size, new_id, host, running, settings))
     if change.ipc_mode is not None:
         checks.append(
             Check(
@@ -345,20 +353,43 @@ def verify(
             )
         )
     if change.device_requests is not None:
-        ok = bool(host.get("DeviceRequests"))
-        detail = f"{len(host.get('DeviceRequests') or [])} device request(s)"
-        if ok and running:
-            res = engine.exec(new_id, ["nvidia-smi", "-L"], settings.exec_timeout, 65536)
-            gpus = [
-                ln
-                for ln in res.stdout.decode("utf-8", "replace").splitlines()
-                if ln.startswith("GPU ")
-            ]
-            ok = bool(gpus)
-            detail += f"; nvidia-smi -L inside lists {len(gpus)} GPU(s)"
-        checks.append(Check(name="gpus-visible", ok=ok, detail=detail))
-    checks.append(_no_recurrence(engine, plan, new_id, started))
+        checks.append(_gpus_check(engine, new_id, host, running, settings))
     return checks
+
+
+def _shm_check(
+    engine: DockerEngine,
+    shm_size: int,
+    new_id: str,
+    host: dict[str, Any],
+    running: bool,
+    settings: Settings,
+) -> Check:
+    """HostConfig.ShmSize is the fix's, and `df -k /dev/shm` inside says so (almost: 99%)."""
+    ok = host.get("ShmSize") == shm_size
+    detail = f"HostConfig.ShmSize {host.get('ShmSize')}"
+    if ok and running:
+        res = engine.exec(new_id, ["df", "-k", "/dev/shm"], settings.exec_timeout, 65536)
+        kb = _df_kb(res.stdout.decode("utf-8", "replace"))
+        ok = kb is not None and kb * 1024 >= shm_size * 0.99
+        detail += f"; df -k /dev/shm: {kb} KiB"
+    return Check(name="shm-size", ok=ok, detail=detail)
+
+
+def _gpus_check(
+    engine: DockerEngine, new_id: str, host: dict[str, Any], running: bool, settings: Settings
+) -> Check:
+    """The new container requests GPUs, and `nvidia-smi -L` inside lists some."""
+    ok = bool(host.get("DeviceRequests"))
+    detail = f"{len(host.get('DeviceRequests') or [])} device request(s)"
+    if ok and running:
+        res = engine.exec(new_id, ["nvidia-smi", "-L"], settings.exec_timeout, 65536)
+        gpus = [
+            ln for ln in res.stdout.decode("utf-8", "replace").splitlines() if ln.startswith("GPU ")
+        ]
+        ok = bool(gpus)
+        detail += f"; nvidia-smi -L inside lists {len(gpus)} GPU(s)"
+    return Check(name="gpus-visible", ok=ok, detail=detail)
 
 
 def _df_kb(text: str) -> int | None:

@@ -113,28 +113,10 @@ def parse_inspect(text: str, source: str = "containers/inspect.json") -> Inspect
     try:
         data: Any = json.loads(text)
     except (ValueError, RecursionError) as exc:
-        return InspectFacts(
-            findings=(
-                Finding(
-                    code="inspect-invalid-json",
-                    source=source,
-                    severity="warning",
-                    message=f"not JSON: {exc}",
-                ),
-            )
-        )
+        return _unreadable(source, "inspect-invalid-json", f"not JSON: {exc}")
     if isinstance(data, list):
         if not data:
-            return InspectFacts(
-                findings=(
-                    Finding(
-                        code="inspect-empty",
-                        source=source,
-                        severity="warning",
-                        message="empty list",
-                    ),
-                )
-            )
+            return _unreadable(source, "inspect-empty", "empty list")
         if len(data) > 1:
             findings.append(
                 Finding(
@@ -145,16 +127,7 @@ def parse_inspect(text: str, source: str = "containers/inspect.json") -> Inspect
             )
         data = data[0]
     if not isinstance(data, dict) or not data.keys() & _CONTAINER_KEYS:
-        return InspectFacts(
-            findings=(
-                Finding(
-                    code="inspect-empty",
-                    source=source,
-                    severity="warning",
-                    message="not a container object",
-                ),
-            )
-        )
+        return _unreadable(source, "inspect-empty", "not a container object")
     odd = [k for k in ("Config", "HostConfig", "State") if not isinstance(data.get(k), dict | None)]
     if odd:
         findings.append(
@@ -168,6 +141,13 @@ def parse_inspect(text: str, source: str = "containers/inspect.json") -> Inspect
     return _facts(data, source, findings)
 
 
+def _unreadable(source: str, code: str, message: str) -> InspectFacts:
+    """No facts, and the warning that says why the inspect JSON could not be read."""
+    return InspectFacts(
+        findings=(Finding(code=code, source=source, severity="warning", message=message),)
+    )
+
+
 _CONTAINER_KEYS = {"Id", "Name", "Image", "Config", "HostConfig", "State"}
 
 
@@ -179,12 +159,53 @@ def _facts(data: dict[str, Any], source: str, findings: list[Finding]) -> Inspec
     config = _as_dict(data.get("Config"))
     host = _as_dict(data.get("HostConfig"))
     state = _as_dict(data.get("State"))
+    env = _env(config)
+    image = str(config.get("Image") or data.get("Image") or "")
+    return InspectFacts(
+        name=str(data.get("Name") or "").lstrip("/"),
+        id=str(data.get("Id") or ""),
+        image=image,
+        image_id=str(data.get("Image") or ""),
+        image_cuda=_image_cuda(image, env),
+        env=env,
+        labels={str(k): str(v) for k, v in _as_dict(config.get("Labels")).items()},
+        gpu_requests=_gpu_requests(host),
+        runtime=str(host.get("Runtime") or ""),
+        devices=tuple(
+            str(d.get("PathOnHost", "")) for d in _list(host.get("Devices")) if isinstance(d, dict)
+        ),
+        shm_size=_int(host.get("ShmSize")) or None,
+        ipc_mode=str(host.get("IpcMode") or ""),
+        ulimits=_ulimits(host),
+        cap_add=tuple(str(c) for c in _list(host.get("CapAdd"))),
+        privileged=bool(host.get("Privileged")),
+        binds=tuple(str(b) for b in _list(host.get("Binds"))),
+        mounts=_mounts(data),
+        user=str(config.get("User") or ""),
+        status=str(state.get("Status") or ""),
+        running=bool(state.get("Running")),
+        exit_code=_int(state.get("ExitCode")),
+        oom_killed=bool(state.get("OOMKilled")),
+        restart_count=_int(data.get("RestartCount")) or 0,
+        error=str(state.get("Error") or ""),
+        started_at=str(state.get("StartedAt") or ""),
+        finished_at=str(state.get("FinishedAt") or ""),
+        findings=tuple(findings),
+    )
+
+
+def _env(config: dict[str, Any]) -> dict[str, str]:
+    """Config.Env (["KEY=value", ...]) as a dict; a later KEY wins."""
     env: dict[str, str] = {}
     for item in _list(config.get("Env")):
         if isinstance(item, str):
             key, _, value = item.partition("=")
             env[key] = value
-    labels = {str(k): str(v) for k, v in _as_dict(config.get("Labels")).items()}
+    return env
+
+
+def _gpu_requests(host: dict[str, Any]) -> tuple[GpuRequest, ...]:
+    """HostConfig.DeviceRequests (what `--gpus` asks for); entries that are not objects skipped."""
     requests: list[GpuRequest] = []
     for req in _list(host.get("DeviceRequests")):
         if not isinstance(req, dict):
@@ -202,57 +223,24 @@ def _facts(data: dict[str, Any], source: str, findings: list[Finding]) -> Inspec
                 capabilities=caps,
             )
         )
-    ulimits = []
-    for u in _list(host.get("Ulimits")):
-        if isinstance(u, dict) and u.get("Name"):
-            ulimits.append(
-                Ulimit(
-                    name=str(u["Name"]),
-                    soft=_int(u.get("Soft")) or 0,
-                    hard=_int(u.get("Hard")) or 0,
-                )
-            )
-    devices = tuple(
-        str(d.get("PathOnHost", "")) for d in _list(host.get("Devices")) if isinstance(d, dict)
+    return tuple(requests)
+
+
+def _ulimits(host: dict[str, Any]) -> tuple[Ulimit, ...]:
+    """HostConfig.Ulimits that have a name; an unreadable limit reads as 0."""
+    return tuple(
+        Ulimit(name=str(u["Name"]), soft=_int(u.get("Soft")) or 0, hard=_int(u.get("Hard")) or 0)
+        for u in _list(host.get("Ulimits"))
+        if isinstance(u, dict) and u.get("Name")
     )
-    image = str(config.get("Image") or data.get("Image") or "")
-    exit_code = _int(state.get("ExitCode"))
-    return InspectFacts(
-        name=str(data.get("Name") or "").lstrip("/"),
-        id=str(data.get("Id") or ""),
-        image=image,
-        image_id=str(data.get("Image") or ""),
-        image_cuda=_image_cuda(image, env),
-        env=env,
-        labels=labels,
-        gpu_requests=tuple(requests),
-        runtime=str(host.get("Runtime") or ""),
-        devices=devices,
-        shm_size=_int(host.get("ShmSize")) or None,
-        ipc_mode=str(host.get("IpcMode") or ""),
-        ulimits=tuple(ulimits),
-        cap_add=tuple(str(c) for c in _list(host.get("CapAdd"))),
-        privileged=bool(host.get("Privileged")),
-        binds=tuple(str(b) for b in _list(host.get("Binds"))),
-        mounts=tuple(
-            {
-                k: str(v)
-                for k, v in m.items()
-                if k in ("Type", "Source", "Destination", "Name", "RW")
-            }
-            for m in _list(data.get("Mounts"))
-            if isinstance(m, dict)
-        ),
-        user=str(config.get("User") or ""),
-        status=str(state.get("Status") or ""),
-        running=bool(state.get("Running")),
-        exit_code=exit_code,
-        oom_killed=bool(state.get("OOMKilled")),
-        restart_count=_int(data.get("RestartCount")) or 0,
-        error=str(state.get("Error") or ""),
-        started_at=str(state.get("StartedAt") or ""),
-        finished_at=str(state.get("FinishedAt") or ""),
-        findings=tuple(findings),
+
+
+def _mounts(data: dict[str, Any]) -> tuple[dict[str, str], ...]:
+    """The container's mounts, each with the keys the fixes read (values as strings)."""
+    return tuple(
+        {k: str(v) for k, v in m.items() if k in ("Type", "Source", "Destination", "Name", "RW")}
+        for m in _list(data.get("Mounts"))
+        if isinstance(m, dict)
     )
 
 

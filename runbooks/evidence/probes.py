@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import math
 import re
+from dataclasses import dataclass, field
 from typing import Any
 
 from runbooks.model import Finding, Frozen, Line
@@ -313,75 +314,112 @@ _NVCC = re.compile(r"Cuda compilation tools, release (?P<v>\d+\.\d+)")
 
 def parse_env_report(text: str, source: str) -> EnvReport:
     """Scan a text (log, trigger, probe output) for environment-report lines; bounded work."""
-    torch = built = driver = nvcc = None
-    without = False
-    available: bool | None = None
-    cited: list[Line] = []
-    pending_call: int | None = None  # an `is_available()` whose answer is on the next line
+    scan = _EnvScan(source)
     for number, raw in enumerate(text.splitlines()[:20000], 1):
         line = raw.strip()[:400]
-        if not line:
-            continue
-        if pending_call is not None:
-            # The answer is the next line that is only True/False (log lines may come first).
-            answer = line.lstrip(">.# ").strip()
-            if answer in ("True", "False"):
-                available = answer == "True"
-                cited.append(Line(source=source, line=number, text=line))
-                pending_call = None
-            elif number - pending_call > ANSWER_WITHIN:
-                pending_call = None
+        if line:
+            scan.read(number, line)
+    return scan.report()
+
+
+@dataclass
+class _EnvScan:
+    """What parse_env_report has found so far; `read` takes one more (non-empty) line."""
+
+    source: str
+    torch: str | None = None
+    built: str | None = None
+    without: bool = False
+    available: bool | None = None
+    driver: str | None = None
+    nvcc: str | None = None
+    cited: list[Line] = field(default_factory=list)
+    pending_call: int | None = None  # an `is_available()` whose answer is on a later line
+
+    def read(self, number: int, line: str) -> None:
+        if self.pending_call is not None:
+            self._answer(number, line, self.pending_call)
+        if self._labelled(number, line) or self._torch_version(number, line):
+            return
+        self._is_available_call(number, line)
+
+    def report(self) -> EnvReport:
+        return EnvReport(
+            torch=self.torch,
+            built_cuda=self.built,
+            built_without_cuda=self.without,
+            cuda_available=self.available,
+            driver=self.driver,
+            nvcc=self.nvcc,
+            lines=tuple(self.cited[:8]),
+        )
+
+    def _cite(self, number: int, line: str) -> None:
+        self.cited.append(Line(source=self.source, line=number, text=line))
+
+    def _answer(self, number: int, line: str, call: int) -> None:
+        """The answer to the `is_available()` of line `call` is the next line that is only
+        True/False (log lines may come first); none within ANSWER_WITHIN lines: no answer."""
+        answer = line.lstrip(">.# ").strip()
+        if answer in ("True", "False"):
+            self.available = answer == "True"
+            self._cite(number, line)
+            self.pending_call = None
+        elif number - call > ANSWER_WITHIN:
+            self.pending_call = None
+
+    def _labelled(self, number: int, line: str) -> bool:
+        """A labelled line (`CUDA used to build PyTorch:`, `Is CUDA available:`, nvcc's
+        release, `Nvidia driver version:`): read and cited."""
         if (m := _ENV_BUILT.search(line)) is not None:
             value = m["v"]
             if value in ("None", "N/A"):
-                without = True
+                self.without = True
             elif value[:1].isdigit():
-                built = value
-            cited.append(Line(source=source, line=number, text=line))
-            continue
-        if (m := _ENV_AVAILABLE.search(line)) is not None:
-            available = m["v"] in ("True", "Yes")
-            cited.append(Line(source=source, line=number, text=line))
-            continue
-        if (m := _NVCC.search(line)) is not None:
-            nvcc = m["v"]
-            cited.append(Line(source=source, line=number, text=line))
-            continue
-        if (m := _ENV_DRIVER.search(line)) is not None:
-            driver = m["v"]
-            cited.append(Line(source=source, line=number, text=line))
-            continue
-        if torch is None and (m := _BARE_CPU_VERSION.match(line)) is not None:
-            torch, without = m["v"], True
-            cited.append(Line(source=source, line=number, text=line))
-            continue
+                self.built = value
+        elif (m := _ENV_AVAILABLE.search(line)) is not None:
+            self.available = m["v"] in ("True", "Yes")
+        elif (m := _NVCC.search(line)) is not None:
+            self.nvcc = m["v"]
+        elif (m := _ENV_DRIVER.search(line)) is not None:
+            self.driver = m["v"]
+        else:
+            return False
+        self._cite(number, line)
+        return True
+
+    def _torch_version(self, number: int, line: str) -> bool:
+        """The first torch version said (a bare `1.7.1+cpu`, pip's `torch==2.1.0+cu121`, or a
+        `PyTorch version:` line); its local part says a CPU-only or a CUDA build."""
+        if self.torch is None and (m := _BARE_CPU_VERSION.match(line)) is not None:
+            self.torch, self.without = m["v"], True
+            self._cite(number, line)
+            return True
         m = _ENV_PIP_TORCH.search(line) or _ENV_TORCH.search(line)
-        if m is not None and torch is None:
-            torch = m["v"]
-            if m["local"] == "cpu":
-                without = True
-            elif m["local"] and m["local"].startswith("cu") and m["local"][2:].isdigit():
-                digits = m["local"][2:]
-                built = built or f"{digits[:-1]}.{digits[-1]}"
-            cited.append(Line(source=source, line=number, text=line))
-            continue
-        if ("is_available()" in line or "is_gpu_available()" in line) and (
-            m := _IS_AVAILABLE_CALL.search(line.replace("is_gpu_available()", "is_available()"))
-        ) is not None:
-            if m["v"] is None:
-                pending_call = number
-            else:
-                available = m["v"] == "True"
-                cited.append(Line(source=source, line=number, text=line))
-    return EnvReport(
-        torch=torch,
-        built_cuda=built,
-        built_without_cuda=without,
-        cuda_available=available,
-        driver=driver,
-        nvcc=nvcc,
-        lines=tuple(cited[:8]),
-    )
+        if m is None or self.torch is not None:
+            return False
+        self.torch = m["v"]
+        if m["local"] == "cpu":
+            self.without = True
+        elif m["local"] and m["local"].startswith("cu") and m["local"][2:].isdigit():
+            digits = m["local"][2:]
+            self.built = self.built or f"{digits[:-1]}.{digits[-1]}"
+        self._cite(number, line)
+        return True
+
+    def _is_available_call(self, number: int, line: str) -> None:
+        """`torch.cuda.is_available()` (or TensorFlow's `is_gpu_available()`) with its answer on
+        the same line, or waiting for it on a later one."""
+        if "is_available()" not in line and "is_gpu_available()" not in line:
+            return
+        m = _IS_AVAILABLE_CALL.search(line.replace("is_gpu_available()", "is_available()"))
+        if m is None:
+            return
+        if m["v"] is None:
+            self.pending_call = number
+        else:
+            self.available = m["v"] == "True"
+            self._cite(number, line)
 
 
 # ``nvidia-ctk --version`` prints "NVIDIA Container Toolkit CLI version 1.12.0"; the older
