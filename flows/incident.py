@@ -28,6 +28,7 @@ from prefect.input import RunInput
 from prefect.runtime import flow_run
 from pydantic import BaseModel, Field
 
+from flows.automations import ensure_crash_detection
 from flows.fleet_state import ensure_limits
 from flows.notify import Notifier
 from flows.slack_delivery import thread_for
@@ -348,6 +349,7 @@ class _Run:
         run_id = str(flow_run.get_id() or "") or None
         tag_run(run_id, f"host:{tgt.name}")
         ensure_limits([host_lock(tgt.name)])
+        ensure_crash_detection(settings.crash_after_s)  # work pools: no `serve` set it up
         return cls(
             settings=settings,
             book=load_runbook(settings.runbook, "incident"),

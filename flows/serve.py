@@ -54,8 +54,11 @@ def deployments(settings: Settings) -> list[Any]:
 def serve(settings: Settings) -> None:
     from prefect import serve as prefect_serve
 
+    from flows.automations import ensure_crash_detection
+
     deps = deployments(settings)
     _refuse_pool_deployments([d.full_name for d in deps])
+    ensure_crash_detection(settings.crash_after_s)
     prefect_serve(*deps, limit=8, print_starting_message=True)
 
 

@@ -61,6 +61,9 @@ class Settings(BaseSettings):
     sweep_schedule: str = "*/15 * * * *"  # cron for `cudamedic serve`
     sweep_timezone: str = "UTC"
     prefect_port: int = Field(default=4200, gt=0, lt=65536)  # the embedded local server
+    # A flow run without a heartbeat for this long is set to Crashed (its worker died; Prefect
+    # sends one every PREFECT_FLOWS_HEARTBEAT_FREQUENCY seconds, default 180): flows/automations.py
+    crash_after_s: float = Field(default=450.0, ge=45)
     prefect_home: Path | None = None  # default: STATE_DIR/prefect (its SQLite database)
     # The HTTP endpoints (`cudamedic alerts`, `cudamedic slack`): limits against slow or idle
     # clients (keep http_max_connections well under the unit's LimitNOFILE)

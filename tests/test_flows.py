@@ -251,6 +251,56 @@ def test_rejected_fix_changes_nothing(
     assert "Approval: reject by bob (mid-epoch)" in Path(field(rest, "report")).read_text()
 
 
+def test_a_response_whose_worker_dies_is_marked_crashed_and_the_next_one_fixes(
+    env: dict[str, str],
+    make_container,
+    container_name: str,
+    gpu_engine,
+    volume: str,  # noqa: F811
+) -> None:
+    """Issue 17, workers that die: the response's whole process tree is killed (SIGKILL) while it
+    waits for approval; the crash-detection automation (flows/automations.py, set up by the
+    response itself) sees its heartbeats stop and sets the run Crashed. A new response for the
+    container then runs to the end."""
+    import os
+    import signal
+
+    shm_container(make_container, container_name, volume)
+    env = {**env, "PREFECT_FLOWS_HEARTBEAT_FREQUENCY": "30", "CUDAMEDIC_CRASH_AFTER_S": "45"}
+    argv = [*CLI, "triage", "gpu-healthy", "--container", container_name, "--apply", "--no-input"]
+    proc = subprocess.Popen(
+        argv,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        env=env,
+        start_new_session=True,
+    )
+    try:
+        assert proc.stdout is not None
+        run_id = None
+        for line in proc.stdout:
+            if m := re.search(r"cudamedic approve ([0-9a-f-]{36})` \(or", line):
+                run_id = m.group(1)
+                break
+        assert run_id
+        assert flow_run_of(run_id).state.type.value == "PAUSED"
+        time.sleep(5)  # its first heartbeat is out
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+    deadline = time.monotonic() + 180
+    while (state := flow_run_of(run_id).state).type.value != "CRASHED":
+        assert time.monotonic() < deadline, f"still {state.type.value} after 180 s"
+        time.sleep(3)
+    assert "No heartbeat for 45 s" in (state.message or ""), state
+    again = cudamedic(
+        env, "triage", "gpu-healthy", "--container", container_name, "--apply", "--yes"
+    )
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert gpu_engine.containers.get(container_name).attrs["HostConfig"]["ShmSize"] > 64 << 20
+
+
 def test_bad_approvals_are_clear_errors(env: dict[str, str]) -> None:
     bad = cudamedic(env, "approve", "not-a-run-id")
     assert bad.returncode == 2 and "is not a flow run id" in bad.stderr

@@ -1,0 +1,79 @@
+"""Workers that die (issue 17): a Prefect automation that marks a cudamedic flow run Crashed when
+its heartbeats stop, so a response whose worker machine vanished does not stay Running forever.
+
+Every flow run sends `prefect.flow-run.heartbeat` every `PREFECT_FLOWS_HEARTBEAT_FREQUENCY` seconds
+(Prefect's default 180, also while it waits for an approval). The automation (Prefect's documented
+"zombie flow" pattern) is proactive: after a heartbeat, it expects another heartbeat or the run's
+end within `crash_after_s`; when none comes, the run is set to Crashed. Only cudamedic's flows are
+watched (a shared Prefect server may run other teams' flows).
+
+The next response for that host and container recovers the interrupted fix from the target
+(runbooks/recreate.py `recover`: finish or roll back), whichever worker runs it.
+
+Set up by `cudamedic serve` and by the first cudamedic flow run on a server (work pools deployed
+with `prefect deploy`): `ensure_crash_detection` is idempotent and updates a changed window.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import timedelta
+
+from prefect import get_client
+from prefect.client.schemas.objects import StateType
+from prefect.events.actions import ChangeFlowRunState
+from prefect.events.schemas.automations import AutomationCore, EventTrigger, Posture
+from prefect.events.schemas.events import ResourceSpecification
+
+log = logging.getLogger(__name__)
+
+NAME = "cudamedic: crash runs whose worker stopped sending heartbeats"
+FLOWS = ("incident-response", "fleet-health-check", "sweep-batch")
+_ENDS = ("Completed", "Failed", "Cancelled", "Crashed", "Cancelling")
+
+
+def crash_detection(crash_after_s: float) -> AutomationCore:
+    """The automation (PURE)."""
+    return AutomationCore(
+        name=NAME,
+        description="A cudamedic flow run whose heartbeats stop (its worker died) is set to "
+        "Crashed; the next response for that container recovers its fix from the target.",
+        enabled=True,
+        trigger=EventTrigger(
+            after={"prefect.flow-run.heartbeat"},
+            expect={"prefect.flow-run.heartbeat", *(f"prefect.flow-run.{s}" for s in _ENDS)},
+            match=ResourceSpecification({"prefect.resource.id": "prefect.flow-run.*"}),
+            match_related=ResourceSpecification(
+                {"prefect.resource.role": "flow", "prefect.resource.name": list(FLOWS)}
+            ),
+            for_each={"prefect.resource.id"},
+            posture=Posture.Proactive,
+            threshold=1,
+            within=timedelta(seconds=crash_after_s),
+        ),
+        actions=[
+            ChangeFlowRunState(
+                state=StateType.CRASHED,
+                message=f"No heartbeat for {crash_after_s:g} s: the worker running it stopped "
+                "(cudamedic crash detection)",
+            )
+        ],
+    )
+
+
+def ensure_crash_detection(crash_after_s: float) -> None:
+    """Create the automation, or update it when its window changed; never raises (a server
+    without the events service still runs responses)."""
+    want = crash_detection(crash_after_s)
+    try:
+        with get_client(sync_client=True) as client:
+            found = client.read_automations_by_name(NAME)
+            if not found:
+                client.create_automation(want)
+                return
+            first, window = found[0], timedelta(seconds=crash_after_s)
+            trigger = first.trigger
+            if not isinstance(trigger, EventTrigger) or trigger.within != window:
+                client.update_automation(first.id, want)
+    except Exception as exc:
+        log.warning("could not set up crash detection: %s: %s", type(exc).__name__, exc)
