@@ -17,6 +17,7 @@ long a fix can take) has run out by the engine's own clock. Pure helpers first, 
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import socket
@@ -124,7 +125,7 @@ def parse_lock(inspect: dict[str, Any]) -> Lock | None:
             machine=str(labels.get(f"{PREFIX}holder-machine") or "?"),
             pid=int(labels.get(f"{PREFIX}holder-pid") or 0),
             pid_start=str(labels.get(f"{PREFIX}holder-pid-start") or ""),
-            lease_s=float(labels.get(f"{PREFIX}lease-s") or 0),
+            lease_s=_lease(labels.get(f"{PREFIX}lease-s")),
         )
     except ValueError:
         return None
@@ -135,6 +136,15 @@ def parse_lock(inspect: dict[str, Any]) -> Lock | None:
         holder=holder,
         created=created,
     )
+
+
+def _lease(value: object) -> float:
+    """A lease label as seconds, within [0, 1 day] (garbage from a hostile engine included)."""
+    try:
+        seconds = float(str(value or 0))
+    except ValueError:
+        return 0.0
+    return min(max(seconds, 0.0), 86400.0) if math.isfinite(seconds) else 0.0
 
 
 def docker_time(value: object) -> datetime | None:

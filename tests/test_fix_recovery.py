@@ -281,3 +281,47 @@ def test_a_dead_worker_on_another_machine_is_taken_over_when_its_lease_ends(
         assert assert_one_container_with_its_data(gpu_engine, name, volume, original) == "old"
     finally:
         _clean(gpu_engine, name, volume)
+
+
+def test_a_lock_from_a_hostile_or_broken_target_is_read_without_raising() -> None:
+    """Labels are whatever the engine says: garbage gives no lock (a person looks) or a lease
+    within a day, never a traceback."""
+    from datetime import UTC, datetime
+
+    from runbooks.fixlock import (
+        FixRecord,
+        Holder,
+        holder_labels,
+        parse_lock,
+        record_labels,
+        why_live,
+    )
+
+    rec = FixRecord(name="train", original_id="a" * 64, backup="train-cudamedic-backup-x",
+                    restart_policy={"Name": "always"}, was_running=True)  # fmt: skip
+    here = Holder(who="w@m", machine="m/1", pid=7, pid_start="9", lease_s=30)
+    labels = {**record_labels(rec), **holder_labels(here)}
+    good = {"Id": "b" * 64, "Image": "sha256:c", "Created": "2026-01-01T00:00:00.123456789Z"}
+    lock = parse_lock({**good, "Config": {"Labels": labels}})
+    assert lock is not None and lock.record == rec and lock.holder == here
+    early, late = datetime(2026, 1, 1, 0, 0, 10, tzinfo=UTC), datetime(2026, 1, 1, 0, 1, tzinfo=UTC)
+    other = here.model_copy(update={"machine": "n/2"})
+    assert why_live(lock, early, other, None) is not None  # another machine: the lease decides
+    assert why_live(lock, late, other, None) is None
+    assert why_live(lock, early, here, False) is None  # this machine, its process is gone
+    assert why_live(lock, early, here, True) is not None
+    for key, value in [
+        (f"{PREFIX}lease-s", "inf"),
+        (f"{PREFIX}lease-s", "nan"),
+        (f"{PREFIX}lease-s", "1e400"),
+        (f"{PREFIX}lease-s", "-5"),
+        (f"{PREFIX}holder-pid", "x"),
+        (f"{PREFIX}restart-policy", "[[[["),
+        (f"{PREFIX}original-id", None),
+    ]:
+        broken = parse_lock({**good, "Config": {"Labels": {**labels, key: value}}})
+        if broken is not None:
+            assert 0 <= broken.holder.lease_s <= 86400
+            why_live(broken, late, other, None)
+    assert parse_lock({**good, "Created": "garbage", "Config": {"Labels": labels}}) is None
+    assert parse_lock({**good, "Config": {"Labels": {"x": "y"}}}) is None
