@@ -1,10 +1,10 @@
 """Fix journal, per-container lock and audit log: files on the machine running cudamedic.
 
 - The journal (``STATE/journal/HOST/CONTAINER.jsonl``) gets one JSON line per step, written and
-  fsync'd *before* the step is done, so a fix killed at any point can be finished or rolled back
-  by the next run.
+  fsync'd *before* the step is done: the post-mortem's timeline. It is a cache: what a recovery
+  needs is on the target (runbooks/fixlock.py), so another machine can finish the fix.
 - The lock (``STATE/locks/HOST--CONTAINER.lock``, ``flock``) keeps two fixes of one container
-  from running at once, also from two processes.
+  from running at once on this machine cheaply; the lock on the target holds across machines.
 - The audit log (``STATE/audit.jsonl``) records who did what, when, before and after.
 """
 

@@ -99,8 +99,11 @@ def port(value: int | str) -> int:
 
 # The name a fix gives the original container it keeps as a backup (runbooks/fixes.py).
 BACKUP_RE = re.compile(r"-cudamedic-backup-(\d{8}T\d{6}Z)$")
+# The never-started container holding a fix's lock and record on the target (runbooks/fixlock.py).
+FIX_LOCK_SUFFIX = "-cudamedic-fix-lock"
 
 
 def is_backup(name: str) -> bool:
-    """Is this one of cudamedic's own backup containers (never a workload to diagnose)?"""
-    return bool(BACKUP_RE.search(name))
+    """Is this one of cudamedic's own containers, a backup or a fix's lock (never a workload to
+    diagnose)?"""
+    return bool(BACKUP_RE.search(name)) or name.endswith(FIX_LOCK_SUFFIX)

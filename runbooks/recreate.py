@@ -1,16 +1,19 @@
 """Apply a FixPlan to a container: keep the old one, create the new one, verify, roll back.
 (SHELL: Docker engine calls, journal, clock.)
 
-Order of a fix, each step journalled before it is done (runbooks/journal.py):
-begin (inspect snapshot) -> stop -> rename (restart policy 'no', name -> backup) -> create ->
-start -> verify -> done. Any failure rolls back: the new container is removed, the original gets
-its name and restart policy back and is started if it was running. Volumes are never removed and
-the original is never removed before its replacement is verified. `recover` finishes or rolls
-back a fix that was interrupted (process killed, engine restarted), idempotently.
+Order of a fix: lock (a record on the target, runbooks/fixlock.py) -> begin (inspect snapshot)
+-> stop -> rename (restart policy 'no', name -> backup) -> create (labelled with the record) ->
+start -> verify -> commit (the lock is released) -> done; each step journalled locally before it
+is done (a cache for the timeline). Any failure rolls back: the new container is removed, the
+original gets its name and restart policy back and is started if it was running, the lock is
+released. Volumes are never removed and the original is never removed before its replacement is
+verified. `recover` rolls back a fix that was interrupted (process killed, machine lost, engine
+restarted), from what the target records, on any machine, idempotently.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import time
@@ -18,7 +21,9 @@ from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Any, Literal
 
-from runbooks.errors import CudamedicError, RollbackFailed, VerifyFailed
+from runbooks import fixlock
+from runbooks.errors import CudamedicError, FixError, RollbackFailed, VerifyFailed
+from runbooks.fixlock import FixRecord, Lock, record_from_labels
 from runbooks.journal import Journal
 from runbooks.logscan import scan_text, signatures
 from runbooks.model import ContainerChange, FixPlan, Frozen
@@ -28,8 +33,9 @@ from runbooks.settings import Settings
 
 Status = Literal["fixed", "rolled-back", "rollback-failed", "recovered", "nothing-to-do"]
 
-# Step boundaries, in order. CUDAMEDIC_CRASH_AT=<boundary> makes the process SIGKILL itself there
-# (the fault-injection tests use it; it is never set in normal runs).
+# Step boundaries, in order. CUDAMEDIC_CRASH_AT=<boundary> makes the process SIGKILL itself there,
+# CUDAMEDIC_STOP_AT=<boundary> SIGSTOP itself (the fault-injection tests use them; they are never
+# set in normal runs).
 BOUNDARIES = (
     "begin",
     "stop",
@@ -49,6 +55,8 @@ BOUNDARIES = (
 def _boundary(name: str) -> None:
     if os.environ.get("CUDAMEDIC_CRASH_AT") == name:
         os.kill(os.getpid(), signal.SIGKILL)
+    if os.environ.get("CUDAMEDIC_STOP_AT") == name:  # a test then kills the whole process tree
+        os.kill(os.getpid(), signal.SIGSTOP)
 
 
 class Check(Frozen):
@@ -74,14 +82,24 @@ def restore(
     restart_policy: dict[str, Any],
     was_running: bool,
     keep_replacement_as: str | None = None,
+    fix_backup: str | None = None,
 ) -> None:
     """Put the original container back as it was. Safe to run any number of times.
 
     The replacement is removed (a fix's own container, seconds old), or — for a rollback by hand,
-    when it may have run for hours — stopped and kept under `keep_replacement_as`."""
+    when it may have run for hours — stopped and kept under `keep_replacement_as`. With
+    `fix_backup`, a container under `name` is touched only when its labels name that fix."""
     holder = engine.find(name)
     if holder is not None and holder.get("Id") != original_id:
         replacement = str(holder["Id"])
+        if fix_backup is not None:
+            made_by = record_from_labels((holder.get("Config") or {}).get("Labels"))
+            if made_by is None or made_by.backup != fix_backup:
+                raise RollbackFailed(
+                    f"{engine.where}: {name} is now container {replacement[:12]}, not the "
+                    f"replacement made by the fix that kept {fix_backup}; left as it is — look at "
+                    "it, then `cudamedic rollback`"
+                )
         if keep_replacement_as is None:
             engine.remove(replacement)  # never its volumes
         else:
@@ -104,14 +122,77 @@ def restore(
 
 
 def recover(engine: DockerEngine, journal: Journal) -> Outcome | None:
-    """Finish or roll back an interrupted fix of this container; None when there is none."""
+    """Finish or roll back an interrupted fix of this container; None when there is none.
+
+    The target decides (runbooks/fixlock.py): a fix lock left there is an interrupted fix or
+    rollback, taken over once its holder is gone and undone; without one, a fix this machine's
+    journal still calls unfinished was finished or undone by whoever held the lock."""
+    lock = fixlock.read(engine, journal.container)
+    if lock is None:
+        return _settle_journal(engine, journal)
+    lock = fixlock.take_over(engine, lock, fixlock.recovery_lease_s(engine))
+    rec = lock.record
+    manual = rec.kind == "manual-rollback"
+    current = journal.current()
+    if not current or current[0].get("backup") != rec.backup:  # another machine's fix
+        journal.write("begin", note="found on the target", **_begin_fields(rec))
+    journal.write("manual-rollback" if manual else "rolling-back", reason=_INTERRUPTED)
+    restore(
+        engine,
+        original_id=rec.original_id,
+        name=rec.name,
+        restart_policy=rec.restart_policy,
+        was_running=rec.was_running,
+        keep_replacement_as=rec.replaced,
+        fix_backup=rec.backup,
+    )
+    fixlock.release(engine, lock)
+    journal.write("manual-rollback-done" if manual else "rolled-back", reason=_INTERRUPTED)
+    what = "rollback" if manual else "fix"
+    return Outcome(
+        status="recovered",
+        message=(
+            f"an interrupted {what} of {rec.name} (its lock on the target was held by "
+            f"{lock.holder.who}) was "
+            + ("completed" if manual else "rolled back: the original container is restored")
+        ),
+    )
+
+
+_INTERRUPTED = "interrupted; completed from its record on the target"
+
+
+def _begin_fields(rec: FixRecord) -> dict[str, Any]:
+    return {
+        "name": rec.name,
+        "original_id": rec.original_id,
+        "backup": rec.backup,
+        "was_running": rec.was_running,
+        "restart_policy": rec.restart_policy,
+    }
+
+
+def _settle_journal(engine: DockerEngine, journal: Journal) -> Outcome | None:
+    """No lock on the target: a fix the local journal calls unfinished has ended there (or, for
+    a journal from before target locks, is finished or rolled back from the journal)."""
     records = journal.unfinished()
     if records is None:
         return None
-    begin = records[0]
-    steps = [r.get("step") for r in records]
+    begin, steps = records[0], [r.get("step") for r in records]
+    holder = engine.find(str(begin.get("name")))
+    labels = (holder or {}).get("Config", {}).get("Labels") if holder else None
+    made_by = record_from_labels(labels)
+    if "verified" in steps or (made_by is not None and made_by.backup == begin.get("backup")):
+        journal.write("done", note="completed by recovery")
+        return Outcome(
+            status="recovered",
+            message=(
+                f"an interrupted fix of {journal.container} had already been verified; marked done"
+            ),
+            backup=begin.get("backup"),
+        )
     manual = [r for r in records if r.get("step") == "manual-rollback"]
-    if manual:
+    if manual:  # a journal from before target locks
         m = manual[-1]
         restore(
             engine,
@@ -124,16 +205,14 @@ def recover(engine: DockerEngine, journal: Journal) -> Outcome | None:
         journal.write("manual-rollback-done", note="completed by recovery")
         return Outcome(
             status="recovered",
-            message=(f"an interrupted rollback of {journal.container} was completed"),
+            message=f"an interrupted rollback of {journal.container} was completed",
         )
-    if "verified" in steps:
-        journal.write("done", note="completed by recovery")
+    created = {str(r.get("id")) for r in records if r.get("step") == "created"}
+    if holder is not None and holder.get("Id") not in (begin.get("original_id"), *created):
+        journal.write("rolled-back", note="the target shows this fix ended; nothing changed")
         return Outcome(
             status="recovered",
-            message=(
-                f"an interrupted fix of {journal.container} had already been verified; marked done"
-            ),
-            backup=begin.get("backup"),
+            message=f"an interrupted fix of {journal.container} had already ended on the target",
         )
     journal.write("rolling-back", reason=f"interrupted after step '{steps[-1]}'")
     restore(
@@ -163,23 +242,42 @@ def apply_plan(
     sleep: Callable[[float], None] = time.sleep,
 ) -> Outcome:
     """Recreate ``plan.container`` with the planned change and verify it; any failure rolls
-    back to the original. Each step is journalled before it is done (see the module doc)."""
+    back to the original. The fix's lock and record go on the target first (FixError, nothing
+    changed, when another fix holds it); each step is journalled before it is done."""
+    lock = _lock(engine, plan, settings)
     journal.write(
         "begin",
-        name=plan.container,
-        original_id=plan.container_id,
-        backup=plan.backup_name,
-        was_running=plan.was_running,
-        restart_policy=plan.restart_policy,
         incident=plan.incident,
         change=plan.change.model_dump(mode="json"),
         inspect=inspect_snapshot,
+        **_begin_fields(lock.record),
     )
     _boundary("begin")
     try:
-        return _recreate(engine, plan, settings, journal, sleep)
+        return _recreate(engine, plan, settings, journal, lock, sleep)
     except CudamedicError as exc:
-        return _roll_back(engine, plan, journal, exc)
+        return _roll_back(engine, plan, journal, exc, lock)
+
+
+def _lock(engine: DockerEngine, plan: FixPlan, settings: Settings) -> Lock:
+    """Take the container's lock on the target, then make sure it is still the planned one."""
+    record = FixRecord(
+        name=plan.container,
+        original_id=plan.container_id,
+        backup=plan.backup_name,
+        restart_policy=plan.restart_policy,
+        was_running=plan.was_running,
+    )
+    image = str(engine.inspect(plan.container_id).get("Image"))
+    lock = fixlock.acquire(engine, record, image, fixlock.fix_lease_s(settings))
+    current = engine.find(plan.container)
+    if current is None or current.get("Id") != plan.container_id:
+        fixlock.release(engine, lock)
+        raise FixError(
+            f"{plan.container} changed since it was planned (another fix or a redeploy); "
+            "nothing was changed — plan again"
+        )
+    return lock
 
 
 def _recreate(
@@ -187,16 +285,19 @@ def _recreate(
     plan: FixPlan,
     settings: Settings,
     journal: Journal,
+    lock: Lock,
     sleep: Callable[[float], None],
 ) -> Outcome:
-    """Set the original aside, create and start the replacement, verify it. Raises
-    CudamedicError (VerifyFailed, carrying the checks, when a check fails)."""
+    """Set the original aside, create and start the replacement, verify it, commit (release the
+    lock on the target). Raises CudamedicError (VerifyFailed, carrying the checks, when a check
+    fails)."""
     _set_aside(engine, plan, settings, journal)
-    new_id, started = _create_and_start(engine, plan, journal)
+    new_id, started = _create_and_start(engine, plan, journal, lock.record)
     checks = verify(engine, plan, new_id, started, settings, sleep)
     failed = [c for c in checks if not c.ok]
     if failed:
         raise VerifyFailed("; ".join(f"{c.name}: {c.detail}" for c in failed), checks)
+    fixlock.release(engine, lock)  # the commit: from now on the target says the fix is done
     journal.write("verified", checks=[c.model_dump() for c in checks])
     _boundary("verified")
     journal.write("done", id=new_id)
@@ -224,13 +325,19 @@ def _set_aside(engine: DockerEngine, plan: FixPlan, settings: Settings, journal:
     _boundary("rename:done")
 
 
-def _create_and_start(engine: DockerEngine, plan: FixPlan, journal: Journal) -> tuple[str, int]:
-    """Create the replacement (joined to its extra networks) and start it: its id, and the
-    epoch second just before the start (log lines from then on are its own)."""
+def _create_and_start(
+    engine: DockerEngine, plan: FixPlan, journal: Journal, record: FixRecord
+) -> tuple[str, int]:
+    """Create the replacement (labelled with the fix's record, joined to its extra networks) and
+    start it: its id, and the epoch second just before the start (log lines from then on are
+    its own)."""
     journal.write("create")
     _boundary("create")
     spec = plan.spec
-    new_id = engine.create(spec.name, spec.config, spec.host_config, spec.networking)
+    own = spec.config.get("Labels")
+    labels = {**(own if isinstance(own, dict) else {}), **fixlock.record_labels(record)}
+    config = {**spec.config, "Labels": labels}
+    new_id = engine.create(spec.name, config, spec.host_config, spec.networking)
     for net, endpoint in spec.extra_networks.items():
         engine.connect(net, new_id, endpoint)
     journal.write("created", id=new_id)
@@ -244,10 +351,10 @@ def _create_and_start(engine: DockerEngine, plan: FixPlan, journal: Journal) -> 
 
 
 def _roll_back(
-    engine: DockerEngine, plan: FixPlan, journal: Journal, exc: CudamedicError
+    engine: DockerEngine, plan: FixPlan, journal: Journal, exc: CudamedicError, lock: Lock
 ) -> Outcome:
-    """Put the original back after ``exc``: ``rolled-back``, or ``rollback-failed`` (the
-    journal then holds where it stopped, for `recover`)."""
+    """Put the original back after ``exc`` and release the lock: ``rolled-back``, or
+    ``rollback-failed`` (the lock stays on the target, free to take, for `recover`)."""
     seen: tuple[Check, ...] = (
         tuple(exc.args[1]) if isinstance(exc, VerifyFailed) and len(exc.args) > 1 else ()
     )
@@ -261,18 +368,22 @@ def _roll_back(
             name=plan.container,
             restart_policy=plan.restart_policy,
             was_running=plan.was_running,
+            fix_backup=plan.backup_name,
         )
     except CudamedicError as again:
+        with contextlib.suppress(CudamedicError):
+            fixlock.replace(engine, lock, lease_s=0)  # any run, anywhere, may finish it now
         return Outcome(
             status="rollback-failed",
             checks=seen,
             message=(
-                f"the fix failed ({reason}) and the rollback failed too ({again}); the journal "
-                f"{journal.path} records where it stopped — the next `cudamedic fix` or "
-                "`cudamedic rollback` finishes it"
+                f"the fix failed ({reason}) and the rollback failed too ({again}); its lock "
+                f"{fixlock.lock_name(plan.container)} on the target records it — the next "
+                "`cudamedic fix` or `cudamedic rollback` finishes it"
             ),
         )
     _boundary("restore:done")
+    fixlock.release(engine, lock)
     journal.write("rolled-back", reason=reason)
     return Outcome(
         status="rolled-back",
@@ -443,10 +554,18 @@ def expired_backups(names: list[str], retention: timedelta, now: datetime) -> li
 def cleanup_backups(
     engine: DockerEngine, journal: Journal, settings: Settings, now: datetime
 ) -> list[str]:
-    """Remove backups past retention — only those whose fix finished verified ('done')."""
-    verified = {
-        f[0].get("backup") for f in journal.fixes() if any(r.get("step") == "done" for r in f)
-    }
+    """Remove backups past retention — only those of finished fixes: not the backup named by a
+    fix lock on the target (an interrupted or failed fix), nor one the local journal still
+    calls unfinished."""
+    busy = set()
+    try:
+        lock = fixlock.read(engine, journal.container)
+    except FixError:
+        return []  # an unreadable lock: leave everything for a person
+    if lock is not None:
+        busy.add(lock.record.backup)
+    if (unfinished := journal.unfinished()) is not None:
+        busy.add(str(unfinished[0].get("backup")))
     names = [
         n.lstrip("/")
         for c in engine.list_named(f"{journal.container}-cudamedic-backup-")
@@ -454,57 +573,50 @@ def cleanup_backups(
     ]
     removed = []
     for name in expired_backups(names, timedelta(hours=settings.fix_backup_retention_h), now):
-        if name in verified:
+        if name not in busy:
             engine.remove(name)
             removed.append(name)
     return removed
 
 
 def manual_rollback(engine: DockerEngine, journal: Journal, now: datetime) -> Outcome:
-    """Put back the original of the latest verified fix (its backup must still exist)."""
-    done = [
-        f
-        for f in journal.fixes()
-        if any(r.get("step") == "done" for r in f)
-        and not any(r.get("step") == "manual-rollback-done" for r in f)
-    ]
-    if not done:
+    """Put back the original of the fix that made the current container (its labels name it and
+    its backup; the backup must still exist). The replacement is kept, stopped."""
+    name = journal.container
+    holder = engine.find(name)
+    rec = record_from_labels(((holder or {}).get("Config") or {}).get("Labels"))
+    if holder is None or rec is None or rec.name != name:
         return Outcome(
             status="nothing-to-do",
-            message=(f"no completed fix of {journal.container} in the journal to roll back"),
+            message=f"{name} was not made by a cudamedic fix (no fix labels); nothing to roll back",
         )
-    begin = done[-1][0]
-    backup = str(begin["backup"])
-    if engine.find(begin["original_id"]) is None:
+    if engine.find(rec.original_id) is None:
         return Outcome(
             status="nothing-to-do",
-            message=(f"the backup {backup} is gone (past retention?); nothing to restore"),
+            message=f"the backup {rec.backup} is gone (past retention?); nothing to restore",
         )
-    replaced = f"{begin['name']}-cudamedic-replaced-{now.strftime('%Y%m%dT%H%M%SZ')}"
-    journal.write(
-        "manual-rollback",
-        backup=backup,
-        replaced=replaced,
-        original_id=begin["original_id"],
-        name=begin["name"],
-        restart_policy=begin["restart_policy"],
-        was_running=begin["was_running"],
-    )
+    replaced = f"{name}-cudamedic-replaced-{now.strftime('%Y%m%dT%H%M%SZ')}"
+    back = rec.model_copy(update={"kind": "manual-rollback", "replaced": replaced})
+    lock = fixlock.acquire(engine, back, str(holder.get("Image")), fixlock.recovery_lease_s(engine))
+    journal.write("begin", note="rollback by hand", **_begin_fields(rec))
+    journal.write("manual-rollback", replaced=replaced, **_begin_fields(rec))
     restore(
         engine,
-        original_id=begin["original_id"],
-        name=begin["name"],
-        restart_policy=begin["restart_policy"],
-        was_running=begin["was_running"],
+        original_id=rec.original_id,
+        name=name,
+        restart_policy=rec.restart_policy,
+        was_running=rec.was_running,
         keep_replacement_as=replaced,
+        fix_backup=rec.backup,
     )
+    fixlock.release(engine, lock)
     journal.write("manual-rollback-done")
     return Outcome(
         status="rolled-back",
-        backup=backup,
+        backup=rec.backup,
         message=(
-            f"{begin['name']} is the original container again"
-            f"{' (started)' if begin['was_running'] else ''}; the replacement is kept, stopped, "
+            f"{name} is the original container again"
+            f"{' (started)' if rec.was_running else ''}; the replacement is kept, stopped, "
             f"as {replaced}"
         ),
     )

@@ -56,6 +56,9 @@ class Settings(BaseSettings):
     fix_stop_timeout: int = Field(default=10, ge=0)
     fix_health_timeout: float = Field(default=60.0, gt=0)
     fix_backup_retention_h: float = Field(default=24.0, ge=0)
+    # How long a fix's lock on the target protects it before a run on another machine may take
+    # over (default: the longest a fix can take, from the timeouts above; runbooks/fixlock.py)
+    fix_lease_s: float | None = Field(default=None, gt=0)
     # Reports and the Prefect service
     report_dir: Path | None = None  # default: OUT_DIR/reports
     sweep_schedule: str = "*/15 * * * *"  # cron for `cudamedic serve`

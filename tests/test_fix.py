@@ -14,6 +14,7 @@ import pytest
 
 from runbooks.fixer import execute, prepare, refusal
 from runbooks.fixes import plan_fix
+from runbooks.fixlock import PREFIX
 from runbooks.inventory import load_inventory
 from runbooks.journal import Journal, audit, container_lock
 from runbooks.model import ContainerChange, Fix
@@ -250,6 +251,11 @@ def test_recreate_keeps_everything_but_the_change(
             for sub in sorted(set(before[key]) | set(after[key])):
                 if (key, sub) == ("HostConfig", "ShmSize"):
                     continue  # the change
+                if (key, sub) == ("Config", "Labels"):  # plus the fix's record (fixlock.py)
+                    own = {k: v for k, v in after[key][sub].items() if not k.startswith(PREFIX)}
+                    if own != before[key][sub] or not after[key][sub].get(f"{PREFIX}backup"):
+                        differences.append(f"{key}.{sub}: {before[key][sub]!r} -> {own!r}")
+                    continue
                 if (key, sub) == ("HostConfig", "Mounts"):
                     # Anonymous volumes are pinned by name, so the same volume is mounted.
                     names = {m["Destination"]: m["Name"] for m in before["Mounts"]}
