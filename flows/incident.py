@@ -5,14 +5,16 @@ effects never do, and none is cached). The apply step runs under the host's Pref
 limit (``cudamedic-host-<name>``, created up front, strict) so two flows never fix one host at
 once, also from two workers; the fix itself re-checks that the container is still the one that
 was planned. Approval pauses the flow run for a typed `Approval` (approve/reject, who, why) that
-`cudamedic approve`, the Prefect UI or Slack supply; unattended approval comes from the runbook's
-policy, behind the fleet-wide circuit breaker.
+`cudamedic approve`, the Prefect UI or Slack supply; the flow judges each answer's identity by
+one rule (approvers, four-eyes: flows/approvals.py), audits it, and waits on after a refused one.
+Unattended approval comes from the runbook's policy, behind the fleet-wide circuit breaker.
 """
 
 from __future__ import annotations
 
 import json
 import re
+import time
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -25,15 +27,17 @@ from prefect.concurrency.sync import concurrency
 from prefect.exceptions import FlowPauseTimeout
 from prefect.flow_runs import pause_flow_run
 from prefect.input import RunInput
-from prefect.runtime import flow_run
+from prefect.runtime import deployment, flow_run
 from pydantic import BaseModel, Field
 
+from flows import approvals
 from flows.automations import ensure_crash_detection
 from flows.fleet_state import ensure_limits
 from flows.notify import Notifier
 from flows.slack_delivery import thread_for
 from reports import slack as slack_msg
 from runbooks import breaker, progress
+from runbooks.approvals import identity
 from runbooks.classify import classify_path
 from runbooks.collect import collect, missing_container
 from runbooks.errors import CudamedicError
@@ -60,7 +64,9 @@ BREAKER_LOCK = "cudamedic-breaker"
 
 
 class Approval(RunInput):
-    """What a person answers to a paused fix."""
+    """What a person answers to a paused fix. `by` names who answers: a Slack user id (Slack),
+    `os:<user>` (`cudamedic approve`), or an approver identity typed in the Prefect UI; the flow
+    takes it only from an approver who did not ask for the response (runbooks/approvals.py)."""
 
     decision: Literal["approve", "reject"]
     by: str = Field(min_length=1, max_length=200)
@@ -295,7 +301,7 @@ def incident_response(
     front (`cudamedic triage --yes`); otherwise the fix waits for an `Approval` unless the
     runbook's policy allows it unattended. `slack`: the thread to report progress to
     ({channel, ts, requester}; set by the Slack app)."""
-    run = _Run.start(target, f"{detected_by} by {approved_by or who()}", slack)
+    run = _Run.start(target, detected_by, approved_by, slack)
     recovered = _recover(run, container) if container else None
     bundle = _collect(run, container, trigger_text)
     if (missing := missing_container(Path(bundle))) is not None:
@@ -335,14 +341,18 @@ class _Run:
     book: Runbook
     tgt: Target
     run_id: str | None
+    requester: str  # who asked for it, as an identity (four-eyes)
     links: dict[str, str]
     thread: Notifier | None
     started: datetime
     events: list[tuple[datetime, str, str]]
 
     @classmethod
-    def start(cls, target: str, triggered: str, slack: dict[str, str] | None) -> _Run:
+    def start(
+        cls, target: str, detected_by: str, approved_by: str | None, slack: dict[str, str] | None
+    ) -> _Run:
         started = now()
+        triggered = f"{detected_by} by {approved_by or who()}"
         settings = load_settings()
         inventory = load_inventory(settings.inventory) if settings.inventory else None
         tgt = resolve_target(target, inventory)
@@ -355,6 +365,7 @@ class _Run:
             book=load_runbook(settings.runbook, "incident"),
             tgt=tgt,
             run_id=run_id,
+            requester=approvals.requester(slack, detected_by, deployment.get_id() is None),
             links={"Prefect flow run": u} if (u := run_url(run_id)) else {},
             thread=thread_for(settings, slack),
             started=started,
@@ -461,17 +472,7 @@ def _approve_and_apply(run: _Run, prepared: Prepared, approved_by: str | None) -
     assert plan is not None
     tags = run.tgt.host.tags if run.tgt.host else ()
     policy = effective_policy(run.settings, run.book)
-    decision: Approval | None = None
-    unattended = False
-    if approved_by:
-        decision = Approval(decision="approve", by=approved_by, reason="approved up front")
-    elif policy.allows_unattended(plan.incident, tags):
-        allowed, why = admit_unattended(run.book)
-        if allowed:
-            unattended = True
-            decision = Approval(decision="approve", by="policy", reason="runbook policy")
-        else:
-            run.mark("unattended fix held", why)
+    decision, unattended = _decision_without_waiting(run, prepared, approved_by, tags)
     if decision is None:
         decision = _wait_for_approval(prepared, run)
     if decision is None:
@@ -505,6 +506,48 @@ def _approve_and_apply(run: _Run, prepared: Prepared, approved_by: str | None) -
     progress.end("apply", applied.status)
     progress.end("verify", _checks_line(applied))
     return _Result("planned", "", applied, said)
+
+
+def _decision_without_waiting(
+    run: _Run, prepared: Prepared, approved_by: str | None, tags: Any
+) -> tuple[Approval | None, bool]:
+    """An approval given up front (judged like any answer) or the runbook's unattended policy
+    (behind the breaker); (None, False) when a person must answer."""
+    assert prepared.plan is not None
+    policy = effective_policy(run.settings, run.book)
+    if approved_by:
+        up_front = Approval(decision="approve", by=approved_by, reason="approved up front")
+        return _judged(run, prepared, up_front), False
+    if policy.allows_unattended(prepared.plan.incident, tags):
+        allowed, why = admit_unattended(run.book)
+        if allowed:
+            return Approval(decision="approve", by="policy", reason="runbook policy"), True
+        run.mark("unattended fix held", why)
+    return None, False
+
+
+def _judged(run: _Run, prepared: Prepared, answer: Approval) -> Approval | None:
+    """The answer when its identity may give it (the identity in `by`), else None; audited
+    either way (`cudamedic.approval.approved|rejected|refused`)."""
+    who, why_not = approvals.judge(run.settings, answer.by, run.requester)
+    action = "approval.refused" if why_not else f"approval.{answer.decision}d"
+    audit(
+        run.settings.state_path,
+        action,
+        host=run.tgt.name,
+        container=prepared.plan.container if prepared.plan else None,
+        flow_run=run.run_id,
+        decision=answer.decision,
+        by=answer.by,
+        identity=who,
+        requester=identity(run.settings, run.requester),
+        reason=answer.reason,
+        refusal=why_not,
+    )
+    if why_not is not None:
+        run.mark("answer refused", f"{answer.decision} by {answer.by}: {why_not}")
+        return None
+    return answer.model_copy(update={"by": who})
 
 
 def _report(
@@ -589,12 +632,24 @@ def _wait_for_approval(prepared: Prepared, run: _Run) -> Approval | None:
         thread.headline(
             slack_msg.root_text(tgt.name, plan.container, thread.requester, "waiting for approval")
         )
+    deadline = time.monotonic() + book.timeouts.approval
+    while (left := int(deadline - time.monotonic())) > 0:
+        answer = _pause(run, left)
+        if answer is None:
+            return None
+        if (judged := _judged(run, prepared, answer)) is not None:
+            return judged
+        progress.begin("approval", f"(flow run {run_id}) still waiting: answer refused")
+    mark("approval timed out")
+    progress.end("approval", "nobody allowed to answer did in time")
+    return None
+
+
+def _pause(run: _Run, seconds: int) -> Approval | None:
+    """Pause the flow run for an answer, at most `seconds`; None when nobody answered."""
+    run_id = run.run_id
     try:
-        return pause_flow_run(
-            wait_for_input=Approval,
-            timeout=int(book.timeouts.approval),
-            poll_interval=2,
-        )
+        return pause_flow_run(wait_for_input=Approval, timeout=seconds, poll_interval=2)
     except FlowPauseTimeout:
         # Prefect leaves the run Paused (and would fail it at the end); nobody answered, so the
         # response goes on without the fix and reports that: the run is Running again.
@@ -605,7 +660,7 @@ def _wait_for_approval(prepared: Prepared, run: _Run) -> Approval | None:
 
             with get_client(sync_client=True) as client:
                 client.set_flow_run_state(UUID(run_id), Running(), force=True)
-        mark("approval timed out")
+        run.mark("approval timed out")
         progress.end("approval", "nobody answered in time")
         return None
 

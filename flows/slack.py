@@ -25,6 +25,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from flows.approvals import APPROVERS_TTL_S, Approvers  # noqa: F401 - the app caches members
 from flows.fleet_state import Memory
 from flows.http import HttpServer, Limits, json_app, read_body, reply
 from flows.incident import run_url
@@ -81,7 +82,6 @@ TRIAGE_USAGE = "usage: /cudamedic triage HOST [CONTAINER] [-- pasted error text]
 # (`run_bolt_app`, `send_response`: no public form); checked against slack_bolt 1.30 and pinned
 # by tests/test_slack_app.py::test_slack_bolt_internals_we_use_are_as_checked.
 BOLT_CHECKED = (1, 30)
-APPROVERS_TTL_S = 60.0
 
 
 def parse_command(text: str, inventory: Inventory) -> tuple[str, str | None, str | None]:
@@ -105,43 +105,6 @@ def diagnose_text(text: str, state_dir: Path) -> Any:
     with tempfile.TemporaryDirectory(prefix="cudamedic-paste-") as tmp:
         (Path(tmp) / "trigger.txt").write_text(redact_text(text), encoding="utf-8")
         return classify_path(Path(tmp), state_dir=state_dir)
-
-
-class Approvers:
-    """Who may approve: members of the approver user groups and channels, asked of Slack at
-    most every `ttl` seconds (channel members page by page)."""
-
-    def __init__(self, settings: Settings, ttl: float = APPROVERS_TTL_S) -> None:
-        self.settings, self.ttl = settings, ttl
-        self.lock = threading.Lock()
-        self.cache: dict[str, tuple[float, frozenset[str]]] = {}
-
-    def members(self, kind: str, ident: str) -> frozenset[str]:
-        key = f"{kind}:{ident}"
-        with self.lock:
-            hit = self.cache.get(key)
-        if hit and time.monotonic() - hit[0] < self.ttl:
-            return hit[1]
-        users = frozenset(self._ask(kind, ident))
-        with self.lock:
-            self.cache[key] = (time.monotonic(), users)
-        return users
-
-    def _ask(self, kind: str, ident: str) -> list[str]:
-        client = web_client(self.settings)
-        if kind == "group":
-            answer = client.api_call("usergroups.users.list", params={"usergroup": ident})
-            return [str(u) for u in answer.get("users") or []]
-        users: list[str] = []
-        cursor = ""
-        for _ in range(1000):  # 200 a page: 200,000 members at most
-            params = {"channel": ident, "limit": 200, **({"cursor": cursor} if cursor else {})}
-            answer = client.api_call("conversations.members", params=params)
-            users += [str(u) for u in answer.get("members") or []]
-            cursor = str(_obj(answer.get("response_metadata")).get("next_cursor") or "")
-            if not cursor:
-                break
-        return users
 
 
 class SlackApp:
@@ -455,9 +418,8 @@ class SlackApp:
         if why_not:
             tell(why_not)
             return
-        name = str(_obj(payload.get("user")).get("username") or user)
-        try:
-            answer(run_id, decision, f"{name} (Slack {user})", "Slack button")
+        try:  # the flow judges the Slack user id again (the authority); this was the early word
+            answer(run_id, decision, user, "Slack button")
         except (InputError, CudamedicError) as exc:
             tell(f"Nothing was changed: {exc}")
             return
@@ -475,13 +437,16 @@ class SlackApp:
         )
 
     def refusal(self, run_id: str, user: str) -> str | None:
-        """Why `user` may not answer this run (None: they may), each failure as what it is."""
+        """Why `user` may not answer this run (None: they may), each failure as what it is: the
+        flow's rule (runbooks/approvals.py) told at once; the flow checks it again."""
         from slack_sdk.errors import SlackApiError
 
+        from runbooks import approvals
+
         s = self.settings
-        if not s.slack_approver_groups and not s.slack_approver_channels:
-            return "No Slack approvers are configured (slack_approver_groups/channels)."
-        if s.slack_four_eyes:
+        if not approvals.enforced(s):
+            return "No approvers are configured (approvers, slack_approver_groups/channels)."
+        if approvals.four_eyes(s):
             try:
                 requester = _requester(run_id)
             except Exception as exc:  # a forged or stale run id, Prefect unreachable
@@ -489,6 +454,8 @@ class SlackApp:
                 return _prefect_trouble(exc)
             if user == requester:
                 return "Four-eyes rule: you asked for this response, someone else must approve it."
+        if approvals.listed(s, user):
+            return None
         try:
             for group in s.slack_approver_groups:
                 if user in self.approvers.members("group", group):

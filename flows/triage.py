@@ -12,6 +12,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
+from datetime import datetime
 from typing import Any
 from uuid import UUID
 
@@ -55,40 +56,41 @@ def triage(
 
     worker = threading.Thread(target=run, name="incident-response", daemon=True)
     worker.start()
-    announced = False
+    pauses: list[str] = []  # the pause keys seen: a new one after an answer the flow refused
     while worker.is_alive():
         worker.join(0.5)
-        if announced or not apply or approved_by or not worker.is_alive():
+        if not apply or not worker.is_alive() or (paused := _paused_run(name)) is None:
             continue
-        paused = _paused_run(name)
-        if paused is None:
+        run_id, key = str(paused[0]), paused[1]
+        if key in pauses:
             continue
-        announced = True
-        run_id = str(paused)
-        plan = _approval_text(paused)
-        if plan:
+        pauses.append(key)
+        if len(pauses) == 1 and (plan := _approval_text(paused[0])):
             say(plan)
-        if ask is not None:
+        if len(pauses) == 1 and ask is not None:
             yes = ask(f"Apply this fix? (flow run {run_id})")
             answer(run_id, "approve" if yes else "reject", actor, "answered at the terminal")
-        else:
-            say(
-                f"waiting for approval: `cudamedic approve {run_id}` (or --reject), "
-                "the Prefect UI or Slack"
-            )
+            continue
+        said = "an answer was refused (`cudamedic audit` says why); " if len(pauses) > 1 else ""
+        say(
+            f"{said}waiting for approval: `cudamedic approve {run_id}` (or --reject), "
+            "the Prefect UI or Slack"
+        )
     if "error" in box:
         raise box["error"]
     result: Response = box["result"]
     return result
 
 
-def _paused_run(name: str) -> UUID | None:
+def _paused_run(name: str) -> tuple[UUID, str] | None:
+    """The run's id and its pause's key while it waits for an answer."""
     with get_client(sync_client=True) as client:
         runs = client.read_flow_runs(
             flow_run_filter=FlowRunFilter(name=FlowRunFilterName(any_=[name])), limit=1
         )
-    if runs and runs[0].state is not None and runs[0].state.is_paused():
-        return runs[0].id
+    state = runs[0].state if runs else None
+    if state is not None and state.is_paused():
+        return runs[0].id, str(state.state_details.pause_key)
     return None
 
 
@@ -137,6 +139,21 @@ def answer(run_id: str, decision: str, by: str, reason: str = "") -> str:
         )
     resume_flow_run(uid, run_input=approval.model_dump(mode="json"))
     return f"{decision} sent to flow run {run_id} by {by}"
+
+
+def verdict(run_id: str, by: str, since: datetime, timeout: float = 30.0) -> dict[str, Any] | None:
+    """The flow's audit record of its judgement of `by`'s answer sent at `since` (the event
+    `cudamedic.approval.approved|rejected|refused`); None when none came within `timeout`."""
+    from runbooks.audit import PREFIX, read
+
+    names = [f"{PREFIX}approval.{v}" for v in ("approved", "rejected", "refused")]
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = [r for r in read(since=since, flow_run=run_id, names=names) if r.get("by") == by]
+        if found:
+            return found[0]
+        time.sleep(1.0)
+    return None
 
 
 def wait_until_paused(run_id: str, timeout: float = 60.0) -> bool:

@@ -52,7 +52,7 @@ OUTCOME_EXIT = {
     "approval-timed-out": EXIT_REFUSED,
     "rolled-back": EXIT_ROLLED_BACK,
 }
-JSON_COMMANDS = ("collect", "fix", "triage", "sweep")
+JSON_COMMANDS = ("collect", "fix", "triage", "sweep", "audit")
 
 
 def show(text: object, *, err: bool = False) -> None:
@@ -375,7 +375,7 @@ def _prefect(args: argparse.Namespace, settings: Settings) -> str:
 
 
 def cmd_triage(args: argparse.Namespace) -> int:
-    from runbooks.journal import who
+    from runbooks.approvals import cli_claim
 
     settings = _settings(args)
     _check_triage_input(args, settings)
@@ -391,10 +391,10 @@ def cmd_triage(args: argparse.Namespace) -> int:
             container=args.container,
             trigger=args.trigger,
             apply=args.apply,
-            approved_by=who() if args.yes else None,
+            approved_by=cli_claim() if args.yes else None,  # judged by the flow's rule
             ask=_confirm if interactive else None,
             say=show,
-            actor=who(),
+            actor=cli_claim(),
         )
     if response.outcome == "no-such-container":
         from runbooks.errors import NoSuchContainer
@@ -472,15 +472,58 @@ def _triage_result(
 
 
 def cmd_approve(args: argparse.Namespace) -> int:
-    from runbooks.journal import who
+    """Answer as this process's OS user (`os:USER`); the flow judges it and says so in its
+    audit event, which this command waits for."""
+    from datetime import timedelta
 
+    from runbooks.approvals import cli_claim
+    from runbooks.errors import InputError
+    from runbooks.journal import now
+
+    if args.by is not None:
+        raise InputError(
+            "--by is gone: an answer is given as your OS user (os:USER), which the setting "
+            "approver_os_users maps to an approver (deploy/OPERATIONS.md, 'Who may approve')"
+        )
     settings = _settings(args)
     _prefect(args, settings)
-    from flows.triage import answer
+    from flows.triage import answer, verdict
 
-    decision = "reject" if args.reject else "approve"
-    print(answer(args.run_id, decision, args.by or who(), args.reason or ""))
+    decision, by = ("reject" if args.reject else "approve"), cli_claim()
+    sent = now() - timedelta(seconds=5)  # the worker's clock may be a little behind ours
+    print(answer(args.run_id, decision, by, args.reason or ""))
+    judged = verdict(args.run_id, by, sent)
+    if judged is None:
+        print("the flow has not said yet whether it takes the answer; `cudamedic audit` will")
+    elif judged.get("refusal"):
+        print(f"cudamedic: refused by the flow: {judged['refusal']}", file=sys.stderr)
+        return EXIT_REFUSED
+    else:
+        print(f"taken: {decision} by {judged.get('identity')}")
     return 0
+
+
+def cmd_audit(args: argparse.Namespace) -> int:
+    """The fleet's audit trail, read back from the Prefect server's events."""
+    from runbooks.audit import line, parse_since, read
+    from runbooks.cli_json import AuditEvent, AuditResult
+    from runbooks.journal import now
+
+    since = parse_since(args.since, now())
+    settings = _settings(args)
+    _prefect(args, settings)
+    records = read(host=args.host, since=since)
+    if args.json:
+        events = [
+            AuditEvent(event=r.pop("event"), occurred=r.pop("occurred"), record=r) for r in records
+        ]
+        _emit(args, AuditResult(exit_code=EXIT_OK, since=since.isoformat(), events=events))
+        return EXIT_OK
+    for record in records:
+        print(line(record))
+    if not records:
+        print(f"no audit events since {since.isoformat(timespec='seconds')}", file=sys.stderr)
+    return EXIT_OK
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
@@ -829,9 +872,17 @@ def _approve_parser(sub: Subparsers) -> None:
     p = sub.add_parser("approve", help="answer a fix that waits for approval")
     p.add_argument("run_id", help="the flow run id `cudamedic triage` printed")
     p.add_argument("--reject", action="store_true", help="reject instead of approve")
-    p.add_argument("--by", help="who answers (default: this user@host)")
+    p.add_argument("--by", help=argparse.SUPPRESS)  # gone: refused with a clear error
     p.add_argument("--reason", help="why")
     p.set_defaults(func=cmd_approve)
+
+
+def _audit_parser(sub: Subparsers) -> None:
+    p = sub.add_parser("audit", help="the audit trail: fixes, approvals, refusals (Prefect events)")
+    p.add_argument("--host", help="only this host's events")
+    p.add_argument("--since", default="7d", help="ISO time or age like 30m, 12h, 7d (default 7d)")
+    p.add_argument("--json", action="store_true", help=JSON_HELP)
+    p.set_defaults(func=cmd_audit)
 
 
 def _sweep_parser(sub: Subparsers) -> None:
@@ -925,6 +976,7 @@ SUBCOMMANDS: tuple[Callable[[Subparsers], None], ...] = (
     _rollback_parser,
     _triage_parser,
     _approve_parser,
+    _audit_parser,
     _sweep_parser,
     _serve_parser,
     _alerts_parser,
@@ -1013,6 +1065,20 @@ def _run(args: argparse.Namespace) -> tuple[int, str | None]:
             "internal error",
             f"{type(exc).__name__}: {exc} (run with -v for details)",
         )
+    finally:
+        _flush_events()
+
+
+def _flush_events() -> None:
+    """Send the audit events this process emitted before it exits (Prefect sends them in the
+    background; a short-lived command could end first)."""
+    if "prefect.events.worker" in sys.modules:
+        from runbooks.audit import flush
+
+        try:
+            flush()
+        except Exception as exc:  # never worth a traceback at exit
+            logging.getLogger(__name__).warning("audit events not flushed: %s", exc)
 
 
 if __name__ == "__main__":

@@ -7,7 +7,7 @@ an ErrorResult instead. Pure: models only.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -115,3 +115,15 @@ class SweepResult(_Result):
     responses: list[str] = []  # flow run ids of incident responses started
     report: str
     flow_run_url: str | None = None
+
+
+class AuditEvent(BaseModel):
+    event: str  # cudamedic.fix.applied, cudamedic.approval.refused, ...
+    occurred: str  # ISO 8601, UTC
+    record: dict[str, Any]  # the audit record: at, who, action, host, ... (redacted)
+
+
+class AuditResult(_Result):
+    command: Literal["audit"] = "audit"
+    since: str
+    events: list[AuditEvent]  # oldest first

@@ -5,7 +5,9 @@
   needs is on the target (runbooks/fixlock.py), so another machine can finish the fix.
 - The lock (``STATE/locks/HOST--CONTAINER.lock``, ``flock``) keeps two fixes of one container
   from running at once on this machine cheaply; the lock on the target holds across machines.
-- The audit log (``STATE/audit.jsonl``) records who did what, when, before and after.
+- The audit log (``STATE/audit.jsonl``) records who did what, when, before and after; each
+  record is also a Prefect event (runbooks/audit.py), the fleet's trail that `cudamedic audit`
+  reads. The local file is this machine's cache (the per-hour fix cap counts it).
 """
 
 from __future__ import annotations
@@ -118,9 +120,18 @@ def who() -> str:
 
 
 def audit(state_dir: Path, action: str, **data: Any) -> None:
-    _append(
-        state_dir / "audit.jsonl", {"at": now().isoformat(), "who": who(), "action": action, **data}
-    )
+    """Record an action: in the local audit log, and as a Prefect event. Redacted first: a
+    secret in a `docker run` line or a message never reaches the trail."""
+    from runbooks import audit as trail
+    from runbooks.redact import redact_argv, redact_json
+
+    plain = {"at": now().isoformat(), "who": who(), "action": action, **data}
+    record = redact_json(json.loads(json.dumps(plain, default=str)))
+    for key in ("before", "after"):  # `docker run` argument lists
+        if isinstance(record.get(key), list):
+            record[key] = redact_argv([str(a) for a in record[key]])
+    _append(state_dir / "audit.jsonl", record)
+    trail.emit(record)
 
 
 def audit_records(state_dir: Path) -> list[dict[str, Any]]:

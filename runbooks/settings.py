@@ -77,6 +77,12 @@ class Settings(BaseSettings):
     alert_listen: str = "127.0.0.1"
     alert_port: int = Field(default=9095, gt=0, lt=65536)
     alert_token: SecretStr | None = None
+    # Approvals: one rule for every way of answering a paused fix (the CLI, Slack, the Prefect
+    # UI), checked by the flow (runbooks/approvals.py; deploy/OPERATIONS.md "Who may approve").
+    # Nothing configured here or in slack_approver_groups/channels: any answer is taken.
+    approvers: tuple[str, ...] = ()  # identities that approve: Slack user ids (U...), names
+    approver_os_users: dict[str, str] = {}  # OS user of `cudamedic approve` -> their identity
+    four_eyes: bool | None = None  # the requester may not approve (default: slack_four_eyes)
     # Slack (`cudamedic slack`; docs: README "Slack"); tokens from the environment or this file
     slack_bot_token: SecretStr | None = None  # xoxb-...
     slack_signing_secret: SecretStr | None = None  # HTTP mode
@@ -85,7 +91,7 @@ class Settings(BaseSettings):
     slack_channel: str | None = None  # where sweep news goes
     slack_approver_groups: tuple[str, ...] = ()  # user group ids (S...) whose members approve
     slack_approver_channels: tuple[str, ...] = ()  # or members of these channels (C...)
-    slack_four_eyes: bool = True  # the person who asked may not approve
+    slack_four_eyes: bool = True  # the old name of four_eyes (read when four_eyes is unset)
     slack_listen: str = "127.0.0.1"
     slack_port: int = Field(default=3000, gt=0, lt=65536)
     slack_timeout: int = Field(default=10, gt=0)  # seconds for one Web API call (before retries)

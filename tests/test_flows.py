@@ -32,7 +32,8 @@ GPUS_ALL = [DeviceRequest(count=-1, capabilities=[["gpu"]])]
 
 @pytest.fixture
 def env(prefect_api: str, lab: LabState, fix_settings: Settings) -> dict[str, str]:  # noqa: F811
-    return cli_env(lab, fix_settings, PREFECT_API_URL=prefect_api)
+    # Root run by alice through sudo: answers from this CLI are `os:alice` (runbooks/approvals.py).
+    return cli_env(lab, fix_settings, PREFECT_API_URL=prefect_api, SUDO_USER="alice")
 
 
 def cudamedic(
@@ -190,21 +191,21 @@ def test_triage_waits_for_approval_then_fixes_verifies_and_reports(
         assert "+ --shm-size 8g" in plan and "the original error does not recur" in plan
         # Nothing happens while it waits.
         assert gpu_engine.containers.get(container_name).attrs["HostConfig"]["ShmSize"] == 64 << 20
-        ok = cudamedic(env, "approve", run_id, "--by", "alice", "--reason", "shm is the cause")
+        ok = cudamedic(env, "approve", run_id, "--reason", "shm is the cause")
         assert ok.returncode == 0, ok.stderr
-        assert "approve sent" in ok.stdout
+        assert "approve sent" in ok.stdout and "taken: approve by os:alice" in ok.stdout
         rest, err = proc.communicate(timeout=180)
     finally:
         proc.kill()
     out = "".join(lines) + rest
     assert proc.returncode == 0, out + err
     assert field(out, "outcome").startswith("fixed")
-    assert field(out, "approval") == "approve by alice (shm is the cause)"
+    assert field(out, "approval") == "approve by os:alice (shm is the cause)"
     new = gpu_engine.containers.get(container_name)
     assert new.status == "running" and new.attrs["HostConfig"]["ShmSize"] == 8 << 30
     assert volume_text(gpu_engine, volume) == data
     report = Path(field(out, "report")).read_text()
-    assert "Approval: approve by alice" in report
+    assert "Approval: approve by os:alice" in report
     assert re.search(r"^- \d\d:\d\d:\d\d — waiting for approval: cudamedic approve", report, re.M)
     assert "/runs/flow-run/" + run_id in report
     assert "verified" in report.lower()
@@ -237,18 +238,18 @@ def test_rejected_fix_changes_nothing(
                 run_id = m.group(1)
                 break
         assert run_id
-        no = cudamedic(env, "approve", run_id, "--reject", "--by", "bob", "--reason", "mid-epoch")
+        no = cudamedic(env, "approve", run_id, "--reject", "--reason", "mid-epoch")
         assert no.returncode == 0, no.stderr
         rest, _ = proc.communicate(timeout=120)
     finally:
         proc.kill()
     assert proc.returncode == 4
-    assert field(rest, "outcome") == "rejected: rejected by bob; nothing was changed"
+    assert field(rest, "outcome") == "rejected: rejected by os:alice; nothing was changed"
     state = flow_run_of(run_id).state  # a filter on the state in the UI finds it
     assert (state.type.value, state.name) == ("COMPLETED", "Rejected"), state
-    assert "rejected by bob" in (state.message or "")
+    assert "rejected by os:alice" in (state.message or "")
     assert gpu_engine.containers.get(container_name).id == c.id
-    assert "Approval: reject by bob (mid-epoch)" in Path(field(rest, "report")).read_text()
+    assert "Approval: reject by os:alice (mid-epoch)" in Path(field(rest, "report")).read_text()
 
 
 def test_a_response_whose_worker_dies_is_marked_crashed_and_the_next_one_fixes(
@@ -306,6 +307,8 @@ def test_bad_approvals_are_clear_errors(env: dict[str, str]) -> None:
     assert bad.returncode == 2 and "is not a flow run id" in bad.stderr
     unknown = cudamedic(env, "approve", "00000000-0000-0000-0000-000000000000")
     assert unknown.returncode == 2 and "no flow run" in unknown.stderr
+    claimed = cudamedic(env, "approve", "00000000-0000-0000-0000-000000000000", "--by", "carol")
+    assert claimed.returncode == 2 and "--by is gone" in claimed.stderr
 
 
 def test_unattended_policy_and_the_circuit_breaker(

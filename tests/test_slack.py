@@ -325,7 +325,7 @@ def _approval_story(
     )
     assert "fixed" in json.dumps(summary["args"]["blocks"])
     report = b"".join(slack.uploads.values()).decode()
-    assert "# Post-mortem: shm-too-small" in report and "Approval: approve by u0approver" in report
+    assert "# Post-mortem: shm-too-small" in report and "Approval: approve by U0APPROVER" in report
     new = gpu_engine.containers.get(container_name)
     assert new.attrs["HostConfig"]["ShmSize"] == 8 << 30 and new.status == "running"
     assert volume_text(gpu_engine, volume) == data

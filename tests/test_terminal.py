@@ -105,7 +105,7 @@ def test_approval_prompt_is_plain_text_with_the_command_once(
         assert "+ --shm-size 8g" in prompt
         assert "```" not in prompt and not re.search(r"^#", prompt, re.M), prompt
         assert prompt.count(f"cudamedic approve {run_id}") == 1, prompt
-        no = cudamedic(env, "approve", run_id, "--reject", "--by", "bob", "--reason", "mid-epoch")
+        no = cudamedic(env, "approve", run_id, "--reject", "--reason", "mid-epoch")
         assert no.returncode == 0, no.stderr
         rest, err = proc.communicate(timeout=120)
     finally:

@@ -66,7 +66,7 @@ def test_prefect_server_restarted_while_a_fix_waits_for_approval(
         assert stop_local_server(server)
         ensure_local_server(server)  # the same SQLite database: the paused run is still there
         outage = time.monotonic() - down_at
-        ok = cudamedic(env, "approve", run_id, "--by", "alice")
+        ok = cudamedic(env, "approve", run_id)
         assert ok.returncode == 0, ok.stdout + ok.stderr
         rest, err = proc.communicate(timeout=240)
     finally:
