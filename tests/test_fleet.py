@@ -1,0 +1,182 @@
+"""A fleet on real components: Prefect on the harness's PostgreSQL (tests/fleet.py), and two
+workers of one process work pool (deploy/prefect.yaml) as separate processes, each with its own
+HOME, PREFECT_HOME (result storage), STATE_DIR and OUT_DIR: they share nothing but the Prefect
+API and the lab's hosts."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from uuid import UUID
+
+import pytest
+
+from tests.fleet import Fleet, use_api, worker_env
+from tests.lab.lab import LabState
+from tests.test_deploy import PREFECT, ROOT, flow_name, flow_run_id, pause_schedules, taken
+from tests.test_flows import sweep_runbook
+
+pytestmark = pytest.mark.fleet
+
+WORKERS = ("w1", "w2")
+
+
+@dataclass
+class Pool:
+    """The deployments of deploy/prefect.yaml on a work pool with two running workers."""
+
+    name: str
+    api_url: str
+    operator: dict[str, str]  # the environment of `prefect` commands run by an operator
+    logs: dict[str, Path]  # worker name -> its log
+    procs: dict[str, subprocess.Popen[bytes]]
+
+    def prefect(self, *args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [*PREFECT, *args],
+            cwd=ROOT,
+            env=self.operator,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+
+    def marks(self) -> dict[str, int]:
+        """Where each worker's log ends now (for `took_since`)."""
+        return {w: log.stat().st_size for w, log in self.logs.items()}
+
+    def took_since(self, marks: dict[str, int]) -> dict[str, list[str]]:
+        """Worker -> the flows of the runs its log says it took since `marks`."""
+        took = {}
+        with use_api(self.api_url):
+            for w, log in self.logs.items():
+                with log.open("rb") as f:
+                    f.seek(marks[w])
+                    took[w] = [flow_name(r) for r in taken(f.read().decode(errors="replace"))]
+        return took
+
+    def worker_logs(self) -> str:
+        return "".join(f"--- {n}\n{p.read_text(errors='replace')}" for n, p in self.logs.items())
+
+
+@pytest.fixture(scope="module")
+def pool(fleet: Fleet, lab: LabState, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pool]:
+    root = tmp_path_factory.mktemp("fleet")
+    name = f"cudamedic-fleet-{uuid.uuid4().hex[:6]}"
+    base = {
+        **os.environ,
+        "CUDAMEDIC_CONFIG": lab.config,
+        "CUDAMEDIC_HOME": str(ROOT),
+        "CUDAMEDIC_WORK_POOL": name,
+        "CUDAMEDIC_SWEEP_RUNBOOK": str(sweep_runbook(root, **{"batch_size: 25": "batch_size: 1"})),
+        "PREFECT_WORKER_QUERY_SECONDS": "1",
+        "PREFECT_LOGGING_LEVEL": "INFO",
+        "PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL": "INFO",  # the workers' logs say what they took
+    }
+    made = Pool(name, fleet.api_url, worker_env(base, fleet.api_url, root / "operator"), {}, {})
+    for argv in (
+        ["work-pool", "create", name, "--type", "process"],
+        ["--no-prompt", "deploy", "--all", "--prefect-file", "deploy/prefect.yaml"],
+    ):
+        done = made.prefect(*argv)
+        assert done.returncode == 0, done.stdout + done.stderr
+    with use_api(fleet.api_url):
+        pause_schedules("fleet-health-check/fleet-sweep")
+    for worker in WORKERS:
+        made.logs[worker] = root / f"{worker}.log"
+        made.procs[worker] = subprocess.Popen(
+            [*PREFECT, "worker", "start", "--pool", name, "--name", worker, "--limit", "2"],
+            cwd=ROOT,
+            env=worker_env(base, fleet.api_url, root / worker),
+            stdout=made.logs[worker].open("wb"),
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    yield made
+    for proc in made.procs.values():
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGINT)
+    for proc in made.procs.values():
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def wait_final(pool: Pool, run_id: str, timeout: float = 300) -> Any:
+    """The flow run once it is in a final state (read from the fleet's API)."""
+    from prefect import get_client
+
+    deadline = time.monotonic() + timeout
+    with use_api(pool.api_url), get_client(sync_client=True) as client:
+        while time.monotonic() < deadline:
+            run = client.read_flow_run(UUID(run_id))
+            if run.state is not None and run.state.is_final():
+                return run
+            time.sleep(1)
+    raise AssertionError(f"flow run {run_id} not finished in {timeout} s:\n{pool.worker_logs()}")
+
+
+def artifacts(pool: Pool, run_id: str) -> dict[str, str]:
+    from prefect import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId
+
+    with use_api(pool.api_url), get_client(sync_client=True) as client:
+        arts = client.read_artifacts(
+            artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[UUID(run_id)]))
+        )
+    return {a.key or "": str(a.data) for a in arts}
+
+
+SWEPT = ("gpu-healthy", "gpu-mismatch", "gpu-nodriver", "gpu-xid79")
+
+
+def run_sweep(pool: Pool) -> str:
+    """Start the deployed distributed sweep of the SWEPT hosts (one host per batch); its run id."""
+    started = pool.prefect(
+        "deployment",
+        "run",
+        "fleet-health-check/fleet-sweep",
+        "--param",
+        f"hosts={json.dumps(list(SWEPT))}",
+    )
+    assert started.returncode == 0, started.stdout + started.stderr
+    return flow_run_id(started.stdout)
+
+
+def assert_swept_once(pool: Pool, run_id: str) -> None:
+    """The sweep completed and its verdict table has every swept host once, each checked."""
+    run = wait_final(pool, run_id)
+    assert run.state.is_completed(), f"{run.state}\n{pool.worker_logs()}"
+    rows = json.loads(artifacts(pool, run_id)["fleet-sweep-hosts"])
+    assert sorted(r["host"] for r in rows) == sorted(SWEPT), rows
+    verdicts = {r["host"]: r["verdict"] for r in rows}
+    assert verdicts == {
+        "gpu-healthy": "healthy",
+        "gpu-mismatch": "drain",
+        "gpu-nodriver": "drain",
+        "gpu-xid79": "drain",
+    }, rows
+
+
+def test_a_distributed_sweep_is_shared_by_both_workers(pool: Pool) -> None:
+    marks = pool.marks()
+    run_id = run_sweep(pool)
+    assert_swept_once(pool, run_id)
+    # Each worker's log names the runs it took: both took sweep batches, and every batch ran once.
+    took = pool.took_since(marks)
+    batches = {w: names.count("sweep-batch") for w, names in took.items()}
+    assert all(batches.values()), f"{took}\n{pool.worker_logs()}"
+    assert sum(batches.values()) == len(SWEPT), took
+    # A batch's hosts reached the sweep through the API (the workers share no result storage).
+    for w in WORKERS:
+        assert not any((pool.logs[w].parent / w / "prefect" / "storage").glob("*")), w
