@@ -112,6 +112,9 @@ def configure(settings: Settings, *, start: bool = True) -> str:
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     os.environ.setdefault("PREFECT_CLOUD_ENABLE_ORCHESTRATION_TELEMETRY", "false")
     os.environ.setdefault("PREFECT_UI_ENABLED", "true")
+    # A Prefect server whose database is unreachable (PostgreSQL restarting) answers 500: retry
+    # it like a 503 (deploy/OPERATIONS.md, "Prefect on PostgreSQL with several workers").
+    os.environ.setdefault("PREFECT_CLIENT_RETRY_EXTRA_CODES", "500")
     named = os.environ.get("PREFECT_API_URL")
     if named:
         return named

@@ -28,6 +28,7 @@ from runbooks.settings import Settings
 PG_USER = "cudamedic"
 PG_DATABASE = "prefect"
 TIMEOUT_S = 90
+RETRY_EXTRA_CODES = "500"  # PREFECT_CLIENT_RETRY_EXTRA_CODES of the workers
 
 
 def pg_bin() -> Path:
@@ -187,6 +188,9 @@ def worker_env(base: dict[str, str], api_url: str, home: Path) -> dict[str, str]
         "PREFECT_LOCAL_STORAGE_PATH": str(dirs["prefect"] / "storage"),
         "CUDAMEDIC_STATE_DIR": str(dirs["state"]),
         "CUDAMEDIC_OUT_DIR": str(dirs["out"]),
+        # As deploy/systemd/cudamedic.env.example: retry what the server answers with 500 while
+        # its database is unreachable (deploy/OPERATIONS.md, "Prefect on PostgreSQL").
+        "PREFECT_CLIENT_RETRY_EXTRA_CODES": RETRY_EXTRA_CODES,
     }
 
 
