@@ -278,3 +278,86 @@ def test_a_postgresql_restart_mid_run_loses_nothing(pool: Pool, fleet: Fleet) ->
     stopped = outage_while_running(pool, fleet, sweep, flow="sweep-batch")
     assert_swept_once(pool, sweep, hosts)
     assert wait_final(pool, sweep).end_time > stopped
+
+
+def test_a_slack_retry_to_another_app_replica_starts_one_response(
+    pool: Pool, tmp_path: Path
+) -> None:
+    """Two `cudamedic slack` processes (separate STATE_DIR, HOME, PREFECT_HOME) on the fleet's
+    API: Slack's retry of a command (a new signature, `X-Slack-Retry-Num`) that reaches the
+    other replica is answered "already started", and one response runs."""
+    from tests.slackfake import fake_slack
+    from tests.test_slack import SECRET, TOKEN, command, post, signed
+    from tests.test_slack_app import starts
+
+    user = f"U0F{uuid.uuid4().hex[:8].upper()}"
+    with fake_slack() as slack:
+        slack_env = {
+            "CUDAMEDIC_SLACK_BOT_TOKEN": TOKEN,
+            "CUDAMEDIC_SLACK_SIGNING_SECRET": SECRET,
+            "CUDAMEDIC_SLACK_API_URL": slack.base_url,
+            "CUDAMEDIC_SLACK_APPROVER_GROUPS": '["S0APPROVE"]',
+        }
+        urls, procs = [], []
+        try:
+            for replica in ("a", "b"):
+                env = {**worker_env(pool.operator, pool.api_url, tmp_path / replica), **slack_env}
+                log = tmp_path / f"slack-{replica}.log"
+                procs.append(
+                    subprocess.Popen(
+                        [str(Path(PREFECT[0]).parent / "cudamedic"), "slack", "--port", "0"],
+                        env=env,
+                        stdout=log.open("wb"),
+                        stderr=subprocess.STDOUT,
+                        start_new_session=True,
+                    )
+                )
+                urls.append(banner_url(log, procs[-1]))
+            body = command("triage gpu-nodriver", user=user, trigger="t.fleet")
+            code, answer = post(urls[0] + "/slack/commands", body, signed(body))
+            assert code == 200 and answer["text"].startswith("Starting a response"), answer
+            time.sleep(1.1)  # Slack's retry: a later timestamp, a new signature
+            headers = {**signed(body), "X-Slack-Retry-Num": "1", "X-Slack-Retry-Reason": "timeout"}
+            code, answer = post(urls[1] + "/slack/commands", body, headers)
+            assert (code, answer["text"]) == (200, "already started"), answer
+            runs = responses_by(pool, f"Slack /cudamedic by <@{user}>")
+            time.sleep(3)  # a second start, if any, would show by now
+            assert len(responses_by(pool, f"Slack /cudamedic by <@{user}>")) == len(runs) == 1
+            assert len([c for c in starts(slack) if user in str(c["args"])]) == 1
+            wait_final(pool, str(runs[0]))  # it ran on a worker
+        finally:
+            for proc in procs:
+                os.killpg(proc.pid, signal.SIGINT)
+                try:
+                    proc.wait(timeout=20)
+                except subprocess.TimeoutExpired:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                    proc.wait()
+
+
+def banner_url(log: Path, proc: subprocess.Popen[bytes], timeout: float = 90) -> str:
+    """The base URL a `cudamedic slack` process announces."""
+    import re
+
+    deadline = time.monotonic() + timeout
+    while not (m := re.search(r"Slack app: (http://\S+)/slack/commands", log.read_text())):
+        assert proc.poll() is None and time.monotonic() < deadline, log.read_text()
+        time.sleep(0.2)
+    return m.group(1)
+
+
+def responses_by(pool: Pool, detected_by: str, timeout: float = 60) -> list[UUID]:
+    """The incident-response runs started with `detected_by`, once there is one."""
+    from prefect import get_client
+    from prefect.client.schemas.filters import FlowFilter, FlowFilterName
+
+    deadline = time.monotonic() + timeout
+    with use_api(pool.api_url), get_client(sync_client=True) as client:
+        while True:
+            runs = client.read_flow_runs(
+                flow_filter=FlowFilter(name=FlowFilterName(any_=["incident-response"]))
+            )
+            found = [r.id for r in runs if r.parameters.get("detected_by") == detected_by]
+            if found or time.monotonic() > deadline:
+                return found
+            time.sleep(0.5)
