@@ -28,6 +28,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Mapping
 from pathlib import Path
 
 from runbooks.errors import CudamedicError
@@ -111,6 +112,9 @@ def configure(settings: Settings, *, start: bool = True) -> str:
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     os.environ.setdefault("PREFECT_CLOUD_ENABLE_ORCHESTRATION_TELEMETRY", "false")
     os.environ.setdefault("PREFECT_UI_ENABLED", "true")
+    # A Prefect server whose database is unreachable (PostgreSQL restarting) answers 500: retry
+    # it like a 503 (deploy/OPERATIONS.md, "Prefect on PostgreSQL with several workers").
+    os.environ.setdefault("PREFECT_CLIENT_RETRY_EXTRA_CODES", "500")
     named = os.environ.get("PREFECT_API_URL")
     if named:
         return named
@@ -123,9 +127,10 @@ def configure(settings: Settings, *, start: bool = True) -> str:
     return url
 
 
-def ensure_local_server(settings: Settings) -> str:
+def ensure_local_server(settings: Settings, env: Mapping[str, str] | None = None) -> str:
     """Start this state dir's server unless it already answers; returns its API URL. Another
-    Prefect server on the port is an error."""
+    Prefect server on the port is an error. `env` adds to the server's environment (e.g.
+    PREFECT_API_DATABASE_CONNECTION_URL: a server on PostgreSQL)."""
     url = local_url(settings)
     if healthy(url):
         _refuse_foreign(settings)
@@ -146,8 +151,8 @@ def ensure_local_server(settings: Settings) -> str:
             flush=True,
         )
         began = time.monotonic()
-        env = {**os.environ, **_base_env(settings)}
-        env.pop("PREFECT_API_URL", None)
+        server_env = {**os.environ, **_base_env(settings), **(env or {})}
+        server_env.pop("PREFECT_API_URL", None)
         log = open(home / "server.log", "ab")  # noqa: SIM115 - handed to the daemon
         proc = subprocess.Popen(
             [
@@ -164,7 +169,7 @@ def ensure_local_server(settings: Settings) -> str:
             stdout=log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
-            env=env,
+            env=server_env,
             start_new_session=True,  # outlives this command: the next one reuses it
         )
         (home / "server.pid").write_text(f"{proc.pid}\n")

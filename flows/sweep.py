@@ -5,8 +5,9 @@ reports directory and attached as a Markdown artifact, and optionally an inciden
 started for each host with news.
 
 With `distribute=True` the batches run as runs of the ``sweep-batch`` deployment, so every
-worker of the work pool takes a share (results travel through Prefect's result storage, which
-the workers must share).
+worker of the work pool takes a share. A batch's results travel through the Prefect API (a table
+artifact of the batch run, `sweep-batch-hosts`), never a worker's disk: the workers share
+nothing but the API.
 """
 
 from __future__ import annotations
@@ -81,15 +82,50 @@ def check_batch_task(
     return check_hosts(names, inventory, settings, book, Path(out_dir), workers)
 
 
-@flow(name="sweep-batch", persist_result=True, log_prints=False)
+BATCH_ARTIFACT = "sweep-batch-hosts"
+
+
+@flow(name="sweep-batch", persist_result=False, log_prints=False)
 def sweep_batch(
     names: list[str], out_dir: str, inventory: str | None = None
 ) -> list[dict[str, Any]]:
-    """One batch of a distributed sweep, run by whichever worker takes it."""
+    """One batch of a distributed sweep, run by whichever worker takes it; its results are the
+    run's `sweep-batch-hosts` artifact (one row per host), where the sweep reads them."""
     settings, book, inv = _inputs(inventory)
-    return [
+    rows = [
         r.model_dump(mode="json") for r in check_hosts(names, inv, settings, book, Path(out_dir))
     ]
+    create_table_artifact(
+        table=rows, key=BATCH_ARTIFACT, description="This batch's hosts, read by its sweep"
+    )
+    return rows
+
+
+def batch_results(run_id: Any) -> list[HostResult]:
+    """The results a finished `sweep-batch` run left in its artifact, from the Prefect API."""
+    import json
+
+    from prefect import get_client
+    from prefect.client.schemas.filters import (
+        ArtifactFilter,
+        ArtifactFilterFlowRunId,
+        ArtifactFilterKey,
+    )
+
+    with get_client(sync_client=True) as client:
+        found = client.read_artifacts(
+            artifact_filter=ArtifactFilter(
+                flow_run_id=ArtifactFilterFlowRunId(any_=[run_id]),
+                key=ArtifactFilterKey(any_=[BATCH_ARTIFACT]),
+            )
+        )
+    if len(found) != 1:
+        raise LookupError(f"{len(found)} {BATCH_ARTIFACT} artifacts")
+    data = found[0].data
+    rows = json.loads(data) if isinstance(data, str) else data
+    if not isinstance(rows, list):
+        raise TypeError(f"{BATCH_ARTIFACT} holds {type(rows).__name__}, not a list of hosts")
+    return [HostResult.model_validate(r) for r in rows]
 
 
 def _distributed(
@@ -109,9 +145,8 @@ def _distributed(
             why = f"batch run {run.id} ended {state.name if state else 'without a state'}"
             return [failed_result(n, why) for n in batch]
         try:
-            rows = state.result()
-            return [HostResult.model_validate(r) for r in rows]
-        except Exception as exc:  # e.g. result storage the workers do not share
+            return batch_results(run.id)
+        except Exception as exc:  # an API error, a batch of another version
             why = f"batch run {run.id}: its result could not be read ({type(exc).__name__}: {exc})"
             return [failed_result(n, why[:500]) for n in batch]
 

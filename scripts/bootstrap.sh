@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Prepare a fresh machine for cudamedic: system packages the lab needs, and the virtualenv.
+# Prepare a fresh machine for cudamedic: system packages the lab and the tests need, and the
+# virtualenv.
 # Idempotent; run as root (the lab starts dockerd and sshd). Usage: scripts/bootstrap.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -9,6 +10,8 @@ command -v dockerd >/dev/null 2>&1 || need+=(docker.io)
 [ -x /usr/sbin/sshd ] || need+=(openssh-server)
 command -v busybox >/dev/null 2>&1 || need+=(busybox-static)
 command -v ssh-keygen >/dev/null 2>&1 || need+=(openssh-client)
+# The fleet tests' PostgreSQL (tests/fleet.py starts its own cluster with initdb/pg_ctl).
+compgen -G '/usr/lib/postgresql/*/bin/initdb' >/dev/null || need+=(postgresql)
 if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" != 0 ]; then
     echo "bootstrap: need root to install: ${need[*]}" >&2; exit 1

@@ -14,6 +14,7 @@ import docker
 import pytest
 
 from runbooks.settings import Settings
+from tests.fleet import Fleet, postgres, prefect_on
 from tests.lab.lab import IMAGE, LabState, down, lab_dir, up
 
 
@@ -55,6 +56,18 @@ def prefect_api() -> Iterator[str]:
     yield url
     stop_local_server(server)
     shutil.rmtree(PREFECT_TEST_HOME, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def fleet() -> Iterator[Fleet]:
+    """The fleet harness (tests/fleet.py): a PostgreSQL cluster of its own and a Prefect server
+    on it, both stopped at the end. The tests' processes keep the SQLite server's API: fleet
+    tests talk to this one through `fleet.api_url` (workers' PREFECT_API_URL, `use_api`)."""
+    try:
+        with postgres(_free_port()) as pg, prefect_on(pg, _free_port()) as url:
+            yield Fleet(pg=pg, api_url=url)
+    except RuntimeError as exc:  # PostgreSQL missing or failing: say why, no traceback
+        pytest.fail(f"fleet harness: {exc}", pytrace=False)
 
 
 @pytest.fixture(scope="session")
