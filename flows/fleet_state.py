@@ -16,12 +16,10 @@ Every call has a timeout (the Prefect client's); no call writes anything locally
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import hashlib
 import json
 import logging
-import os
 import time
 import urllib.error
 import urllib.parse
@@ -39,6 +37,7 @@ from prefect.concurrency.sync import concurrency
 from prefect.exceptions import ObjectAlreadyExists, ObjectNotFound
 
 from flows.alerts import Seen
+from runbooks.prefect_api import call as _prefect
 from runbooks.settings import Settings
 from runbooks.sweep import State, parse_state, read_state_file
 
@@ -199,21 +198,3 @@ class Memory:
                 _prefect("DELETE", f"/variables/name/{urllib.parse.quote(str(var['name']))}")
                 gone += 1
         return gone
-
-
-def _prefect(method: str, path: str, body: Any = None, timeout: float = 2.0) -> Any:
-    """One call to the Prefect API of PREFECT_API_URL (set by the CLI for the embedded server
-    too), without the client's retries. LookupError: no API is configured."""
-    api = os.environ.get("PREFECT_API_URL", "").rstrip("/")
-    if not api.startswith(("http://", "https://")):
-        raise LookupError("PREFECT_API_URL is not set")
-    headers = {"Content-Type": "application/json"}
-    if key := os.environ.get("PREFECT_API_KEY"):
-        headers["Authorization"] = f"Bearer {key}"
-    elif auth := os.environ.get("PREFECT_API_AUTH_STRING"):
-        headers["Authorization"] = "Basic " + base64.b64encode(auth.encode()).decode()
-    data = json.dumps(body).encode() if body is not None else None
-    req = urllib.request.Request(api + path, data=data, method=method, headers=headers)  # noqa: S310
-    with urllib.request.urlopen(req, timeout=timeout) as resp:  # noqa: S310
-        raw = resp.read()
-    return json.loads(raw) if raw else None

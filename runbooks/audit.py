@@ -124,6 +124,38 @@ def read(
     return out[:limit]
 
 
+def applied_in_fleet(fleet: str, since: datetime, max_pages: int = 20) -> int | None:
+    """How many `cudamedic.fix.applied` events of this fleet the Prefect server holds since
+    `since`; None when it cannot be asked (no API, down, slow: 2 s per call, no retries)."""
+    from runbooks.prefect_api import call
+
+    body = {
+        "filter": {
+            "occurred": {"since": since.isoformat()},
+            "event": {"name": [event_name("apply")]},
+        },
+        "limit": 50,
+    }
+    count, pages = 0, 0
+    try:
+        page: Any = call("POST", "/events/filter", body)
+        while isinstance(page, dict) and pages < max_pages:
+            pages += 1
+            events: list[Any] = page.get("events") or []
+            for e in events if isinstance(events, list) else []:
+                payload = e.get("payload") if isinstance(e, dict) else None
+                if isinstance(payload, dict) and payload.get("fleet") == fleet:
+                    count += 1
+            nxt = page.get("next_page")
+            if not isinstance(nxt, str) or "/events/filter/next" not in nxt:
+                break
+            page = call("GET", "/events/filter/next" + nxt.split("/events/filter/next", 1)[1])
+    except (OSError, ValueError, LookupError) as exc:
+        log.warning("fleet-wide fix count unavailable: %s", type(exc).__name__)
+        return None
+    return count
+
+
 def parse_since(text: str, now: datetime) -> datetime:
     """`--since`: an ISO time (UTC when it names no zone) or an age: 30m, 12h, 7d."""
     import re

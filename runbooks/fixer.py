@@ -158,7 +158,7 @@ def refusal(
             "--apply needs --yes (or an interactive confirmation), or a policy that allows "
             f"unattended {plan.incident} fixes on this host's tags {list(tags)}"
         )
-    recent = applied_within(settings.state_path, timedelta(hours=1))
+    recent = applied_within(settings.state_path, timedelta(hours=1), settings.fleet)
     if recent >= policy.max_fixes_per_hour:
         return (
             f"blast-radius limit: {recent} fixes applied in the last hour (policy allows "
@@ -200,6 +200,7 @@ def execute(
             bundle=prepared.bundle,
             approved_by=approved_by,
             unattended=unattended,
+            fleet=settings.fleet,  # the fleet-wide fix cap counts these events
         )
         # The journal keeps a redacted snapshot: enough to restore by hand, no secrets on disk.
         outcome = apply_plan(engine, plan, settings, journal, redact_json(current))

@@ -138,10 +138,12 @@ def audit_records(state_dir: Path) -> list[dict[str, Any]]:
     return _read(state_dir / "audit.jsonl")
 
 
-def applied_within(state_dir: Path, window: timedelta) -> int:
-    """How many fixes were applied fleet-wide (from this audit log) within the window."""
+def applied_within(state_dir: Path, window: timedelta, fleet: str | None = None) -> int:
+    """How many fixes were applied within the window: fleet-wide from the Prefect server's audit
+    events when `fleet` is given and the server answers, never fewer than this machine's own
+    audit log counts (the cap must not loosen when Prefect cannot be asked)."""
     cutoff = now() - window
-    count = 0
+    local = 0
     for r in audit_records(state_dir):
         if r.get("action") != "apply":
             continue
@@ -150,5 +152,10 @@ def applied_within(state_dir: Path, window: timedelta) -> int:
         except ValueError:
             continue
         if at >= cutoff:
-            count += 1
-    return count
+            local += 1
+    if fleet is None:
+        return local
+    from runbooks.audit import applied_in_fleet
+
+    fleet_wide = applied_in_fleet(fleet, cutoff)
+    return max(local, fleet_wide or 0)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import atexit
+import hashlib
 import os
 import shutil
 import tempfile
@@ -89,6 +90,9 @@ def settings(lab: LabState, tmp_path: Path) -> Settings:
         known_hosts=Path(lab.known_hosts),
         out_dir=tmp_path / "bundles",
         state_dir=tmp_path / "state",  # never the machine's ~/.local/state
+        # what a fleet shares (sweep state, the fix cap's count) is in the tests' one Prefect
+        # server: a fleet of its own for each test
+        fleet="t-" + hashlib.sha256(str(tmp_path).encode()).hexdigest()[:12],
         ssh_connect_timeout=5,
         command_timeout=5,
         exec_timeout=10,

@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 import time
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -287,20 +288,13 @@ def by_destination(mounts: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 # -- procedure and policy -------------------------------------------------------------------
-def fleet_of(settings: Settings) -> str:
-    """A fleet name of the test's own (from its state dir): sweeps of two tests never share."""
-    import hashlib
-
-    return "t-" + hashlib.sha256(str(settings.state_path).encode()).hexdigest()[:12]
-
-
 def cli_env(lab: LabState, settings: Settings, **extra: str) -> dict[str, str]:
     return {
         **os.environ,
         "CUDAMEDIC_CONFIG": lab.config,
         "CUDAMEDIC_STATE_DIR": str(settings.state_path),
         # what a fleet shares lives in the tests' one Prefect server: one fleet per test
-        "CUDAMEDIC_FLEET": fleet_of(settings),
+        "CUDAMEDIC_FLEET": settings.fleet,
         "CUDAMEDIC_OUT_DIR": str(settings.out_dir),
         "CUDAMEDIC_FIX_SETTLE_S": "1.5",
         **extra,
@@ -389,6 +383,34 @@ def test_policy_unattended_and_blast_radius(fix_settings: Settings, tmp_path: Pa
     for _ in range(2):
         audit(fix_settings.state_path, "apply", host="h", container="c")
     assert "blast-radius" in str(refusal(P(), ("lab",), policy, fix_settings, confirmed=True))  # type: ignore[arg-type]
+
+
+def test_the_fix_cap_counts_the_whole_fleet_from_prefect(
+    prefect_api: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 17: two fixes audited by worker A (its own STATE_DIR) count against worker B's cap:
+    B reads the fleet's `cudamedic.fix.applied` events from the Prefect server. Another fleet's
+    fixes do not count; with Prefect unreachable B falls back to its own log, without waiting."""
+    from runbooks.audit import flush
+    from runbooks.journal import applied_within
+
+    a, b = tmp_path / "worker-a", tmp_path / "worker-b"
+    fleet = "t-cap-" + tmp_path.name[-20:].lower().replace("_", "-")
+    for _ in range(2):
+        audit(a, "apply", host="h", container="c", fleet=fleet)
+    audit(a, "apply", host="h", container="c", fleet=fleet + "-other")
+    flush()
+    hour = timedelta(hours=1)
+    deadline = time.monotonic() + 30  # the server stores events a moment after they arrive
+    while applied_within(b, hour, fleet) < 2 and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert applied_within(b, hour, fleet) == 2
+    assert applied_within(b, hour) == 0  # no fleet: this machine's log only
+    assert applied_within(a, hour, fleet) == 3  # never fewer than the local log says
+    monkeypatch.setenv("PREFECT_API_URL", "http://127.0.0.1:9/api")  # nothing listens there
+    started = time.monotonic()
+    assert applied_within(b, hour, fleet) == 0
+    assert time.monotonic() - started < 5
 
 
 # -- crash safety ---------------------------------------------------------------------------

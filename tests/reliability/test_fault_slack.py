@@ -86,6 +86,7 @@ def test_an_outage_during_a_response_loses_nothing(
         "CUDAMEDIC_CONFIG": lab.config,
         "CUDAMEDIC_STATE_DIR": str(tmp_path / "state"),
         "CUDAMEDIC_OUT_DIR": str(tmp_path / "bundles"),
+        "CUDAMEDIC_FLEET": "t-" + tmp_path.name[-30:].lower().replace("_", "-"),
         "CUDAMEDIC_REPORT_DIR": str(reports),
         "CUDAMEDIC_SLACK_BOT_TOKEN": TOKEN,
         "CUDAMEDIC_SLACK_API_URL": slack.base_url,

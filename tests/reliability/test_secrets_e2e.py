@@ -130,6 +130,7 @@ def test_planted_secrets_reach_no_output(
             "CUDAMEDIC_CONFIG": lab.config,
             "CUDAMEDIC_STATE_DIR": str(fix_settings.state_path),
             "CUDAMEDIC_OUT_DIR": str(fix_settings.out_dir),
+            "CUDAMEDIC_FLEET": fix_settings.fleet,
             "CUDAMEDIC_RUNBOOK": str(tmp_path / "incident.yaml"),
             "CUDAMEDIC_SLACK_BOT_TOKEN": TOKEN,
             "CUDAMEDIC_SLACK_API_URL": slack.base_url,
