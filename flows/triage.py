@@ -83,11 +83,17 @@ def triage(
 
 
 def _paused_run(name: str) -> tuple[UUID, str] | None:
-    """The run's id and its pause's key while it waits for an answer."""
-    with get_client(sync_client=True) as client:
-        runs = client.read_flow_runs(
-            flow_run_filter=FlowRunFilter(name=FlowRunFilterName(any_=[name])), limit=1
-        )
+    """The run's id and its pause's key while it waits for an answer; None also while the
+    Prefect server cannot be asked (restarting: the flow itself rides that out)."""
+    import httpx
+
+    try:
+        with get_client(sync_client=True) as client:
+            runs = client.read_flow_runs(
+                flow_run_filter=FlowRunFilter(name=FlowRunFilterName(any_=[name])), limit=1
+            )
+    except (httpx.HTTPError, OSError):
+        return None
     state = runs[0].state if runs else None
     if state is not None and state.is_paused():
         return runs[0].id, str(state.state_details.pause_key)

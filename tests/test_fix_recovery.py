@@ -9,6 +9,7 @@ later `cudamedic fix` from another state dir; it knows nothing but the target.
 
 from __future__ import annotations
 
+import hashlib
 import io
 import os
 import signal
@@ -46,6 +47,8 @@ class Worker:
             "CUDAMEDIC_STATE_DIR": str(self.state),
             "CUDAMEDIC_OUT_DIR": str(root / "out"),
             "CUDAMEDIC_FIX_SETTLE_S": "1.5",
+            # the workers of one test are one fleet (the fix cap counts its fixes in Prefect)
+            "CUDAMEDIC_FLEET": "t-" + hashlib.sha256(str(root.parent).encode()).hexdigest()[:12],
             "HOME": str(self.home),
             **env,
         }
