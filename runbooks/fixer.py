@@ -18,6 +18,7 @@ from runbooks.classify import classify_path
 from runbooks.collect import collect, engine_session, missing_container
 from runbooks.errors import CudamedicError, FixError, NoSuchContainer
 from runbooks.fixes import plan_fix
+from runbooks.fixlock import docker_time
 from runbooks.journal import Journal, applied_within, audit, container_lock, now, who
 from runbooks.model import Diagnosis, FixPlan, Frozen
 from runbooks.names import container_name
@@ -483,19 +484,6 @@ def journal_event(record: dict[str, Any]) -> tuple[str, str]:
     return _JOURNAL_WORDS.get(step, f"fix step: {step}"), detail[:200]
 
 
-def _docker_time(value: object) -> datetime | None:
-    """A Docker timestamp (nanoseconds, `Z`); None for Docker's zero time or garbage."""
-    import re
-
-    if not isinstance(value, str) or value.startswith("0001-"):
-        return None
-    text = re.sub(r"(\.\d{6})\d+", r"\1", value).replace("Z", "+00:00")
-    try:
-        return datetime.fromisoformat(text)
-    except ValueError:
-        return None
-
-
 def _workload_state(bundle: str, container: str | None) -> tuple[datetime | None, bool | None]:
     """When the container stopped (its FinishedAt) and whether it was running, as the evidence
     recorded them; (None, None) when not known."""
@@ -510,7 +498,7 @@ def _workload_state(bundle: str, container: str | None) -> tuple[datetime | None
         return None, None
     if not isinstance(state, dict):
         return None, None
-    return _docker_time(state.get("FinishedAt")), bool(state.get("Running"))
+    return docker_time(state.get("FinishedAt")), bool(state.get("Running"))
 
 
 def _verified_at(settings: Settings, host: str, container: str | None) -> datetime | None:
