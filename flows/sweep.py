@@ -181,8 +181,11 @@ def fleet_health_check(
     out_dir = str(settings.out_dir / "sweeps" / started.strftime("%Y%m%dT%H%M%SZ"))
     progress.sweep_started(len(names))
     if distribute:
-        groups = batches(names, book.batch_size)
-        timeout = book.timeouts.collect * 2 + 120
+        groups = batches(names, book.batch_run_size)
+        # a batch run waits for its worker, then checks `concurrency` hosts at a time, each
+        # within the per-host timeout at worst
+        rounds = -(-max(len(g) for g in groups or [[]]) // book.concurrency)
+        timeout = book.timeouts.collect * (rounds + 1) + 120
         results = _distributed(groups, out_dir, inventory, timeout=timeout)
     else:
         results = _in_this_run(names, inv, settings, book, out_dir)

@@ -102,6 +102,8 @@ class Runbook(_Strict):
     timeouts: Timeouts = Timeouts()
     retries: int = Field(default=1, ge=0, le=5)  # for collection only; side effects never retry
     batch_size: int = Field(default=25, ge=1, le=500)  # sweep: hosts per Prefect task
+    # distributed sweep: hosts per sweep-batch run (each run is a process on a worker)
+    batch_run_size: int = Field(default=500, ge=1, le=5000)
     concurrency: int = Field(default=32, ge=1, le=512)  # sweep: hosts checked at once
 
     @field_validator("container_probes", mode="before")

@@ -14,17 +14,22 @@ from __future__ import annotations
 import contextlib
 import os
 import pwd
+import re
 import secrets
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from uuid import UUID
 
 from runbooks.settings import Settings
 
+ROOT = Path(__file__).parents[1]
+PREFECT = [str(Path(sys.executable).parent / "prefect")]
 PG_USER = "cudamedic"
 PG_DATABASE = "prefect"
 TIMEOUT_S = 90
@@ -202,3 +207,131 @@ def use_api(api_url: str) -> Iterator[None]:
 
     with temporary_settings(updates={PREFECT_API_URL: api_url}):
         yield
+
+
+@dataclass
+class Pool:
+    """The deployments of deploy/prefect.yaml on a process work pool with running workers."""
+
+    name: str
+    api_url: str
+    operator: dict[str, str]  # the environment of `prefect` commands run by an operator
+    logs: dict[str, Path] = field(default_factory=dict)  # worker name -> its log
+    procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+
+    def prefect(self, *args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [*PREFECT, *args],
+            cwd=ROOT,
+            env=self.operator,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+
+    def marks(self) -> dict[str, int]:
+        """Where each worker's log ends now (for `took_since`)."""
+        return {w: log.stat().st_size for w, log in self.logs.items()}
+
+    def took_since(self, marks: dict[str, int]) -> dict[str, list[str]]:
+        """Worker -> the flows of the runs its log says it took since `marks`."""
+        took = {}
+        with use_api(self.api_url):
+            for w, log in self.logs.items():
+                with log.open("rb") as f:
+                    f.seek(marks[w])
+                    took[w] = [flow_name(r) for r in taken(f.read().decode(errors="replace"))]
+        return took
+
+    def worker_logs(self) -> str:
+        return "".join(f"--- {n}\n{p.read_text(errors='replace')}" for n, p in self.logs.items())
+
+
+@contextlib.contextmanager
+def work_pool(
+    api_url: str, base: dict[str, str], root: Path, workers: tuple[str, ...], limit: int = 2
+) -> Iterator[Pool]:
+    """deploy/prefect.yaml on a new process work pool of the server at `api_url` (the cron sweep
+    paused), and `workers` as separate processes, each with its own HOME, PREFECT_HOME, state and
+    output dirs under `root` (worker_env); stopped at the end (SIGINT, then SIGKILL)."""
+    name = f"cudamedic-fleet-{secrets.token_hex(3)}"
+    base = {**base, "CUDAMEDIC_HOME": str(ROOT), "CUDAMEDIC_WORK_POOL": name}
+    pool = Pool(name, api_url, worker_env(base, api_url, root / "operator"))
+    for argv in (
+        ["work-pool", "create", name, "--type", "process"],
+        ["--no-prompt", "deploy", "--all", "--prefect-file", "deploy/prefect.yaml"],
+    ):
+        done = pool.prefect(*argv)
+        if done.returncode != 0:
+            raise RuntimeError(f"prefect {' '.join(argv)}: {done.stdout}{done.stderr}")
+    with use_api(api_url):
+        pause_schedules("fleet-health-check/fleet-sweep")
+    try:
+        for worker in workers:
+            pool.logs[worker] = root / f"{worker}.log"
+            pool.procs[worker] = subprocess.Popen(
+                [
+                    *PREFECT,
+                    "worker",
+                    "start",
+                    "--pool",
+                    name,
+                    "--name",
+                    worker,
+                    "--limit",
+                    str(limit),
+                ],
+                cwd=ROOT,
+                env=worker_env(base, api_url, root / worker),
+                stdout=pool.logs[worker].open("wb"),
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        yield pool
+    finally:
+        stop_workers(pool)
+
+
+def stop_workers(pool: Pool) -> None:
+    """Stop the workers still running: SIGINT to each process group, SIGKILL after 20 s."""
+    for proc in pool.procs.values():
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGINT)
+    for proc in pool.procs.values():
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def pause_schedules(deployment: str) -> None:
+    """The deployed cron sweep must not fire in the middle of a test ..."""
+    from prefect import get_client
+    from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterId
+
+    with get_client(sync_client=True) as client:
+        dep = client.read_deployment_by_name(deployment)
+        for sched in dep.schedules:
+            client.update_deployment_schedule(dep.id, sched.id, active=False)
+        # ... nor a run the scheduler created before the pause.
+        ahead = client.read_flow_runs(
+            deployment_filter=DeploymentFilter(id=DeploymentFilterId(any_=[dep.id]))
+        )
+        for run in ahead:
+            if run.state is not None and run.state.is_scheduled():
+                client.delete_flow_run(run.id)
+
+
+def taken(log: str) -> list[str]:
+    """The flow runs a worker's log says it submitted and did not leave to another worker."""
+    aborted = set(re.findall(r"Aborted submission of flow run '([0-9a-f-]{36})'", log))
+    submitted = re.findall(r"submitting flow run '([0-9a-f-]{36})'", log)
+    return [r for r in dict.fromkeys(submitted) if r not in aborted]
+
+
+def flow_name(run_id: str) -> str:
+    from prefect import get_client
+
+    with get_client(sync_client=True) as client:
+        return client.read_flow(client.read_flow_run(UUID(run_id)).flow_id).name

@@ -19,13 +19,12 @@ from uuid import UUID
 import pytest
 
 from runbooks.settings import Settings
+from tests.fleet import PREFECT, ROOT, flow_name, pause_schedules, taken
 from tests.lab.lab import LabState
 from tests.test_fix import cli_env, fix_settings  # noqa: F401 - fixture
 from tests.test_flows import artifacts_of, flow_run_of, run_id_of, sweep_runbook
 
-ROOT = Path(__file__).parents[1]
 BIN = Path(sys.executable).parent
-PREFECT = [str(BIN / "prefect")]
 
 
 @pytest.fixture
@@ -35,7 +34,9 @@ def env(prefect_api: str, lab: LabState, fix_settings: Settings, tmp_path: Path)
         fix_settings,
         PREFECT_API_URL=prefect_api,
         CUDAMEDIC_HOME=str(ROOT),
-        CUDAMEDIC_SWEEP_RUNBOOK=str(sweep_runbook(tmp_path, **{"batch_size: 25": "batch_size: 2"})),
+        CUDAMEDIC_SWEEP_RUNBOOK=str(
+            sweep_runbook(tmp_path, **{"batch_run_size: 500": "batch_run_size: 2"})
+        ),
         PREFECT_WORKER_QUERY_SECONDS="1",
         PREFECT_LOGGING_LEVEL="INFO",
         PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL="INFO",  # the workers' logs say what they took
@@ -94,24 +95,6 @@ def run_info(run_id: str) -> tuple[str, dict[str, str]]:
     return (run.state.name if run.state else "?"), {a.key or "": str(a.data) for a in arts}
 
 
-def pause_schedules(deployment: str) -> None:
-    """The deployed cron sweep must not fire in the middle of a test ..."""
-    from prefect import get_client
-    from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterId
-
-    with get_client(sync_client=True) as client:
-        dep = client.read_deployment_by_name(deployment)
-        for sched in dep.schedules:
-            client.update_deployment_schedule(dep.id, sched.id, active=False)
-        # ... nor a run the scheduler created before the pause.
-        ahead = client.read_flow_runs(
-            deployment_filter=DeploymentFilter(id=DeploymentFilterId(any_=[dep.id]))
-        )
-        for run in ahead:
-            if run.state is not None and run.state.is_scheduled():
-                client.delete_flow_run(run.id)
-
-
 def test_prefect_yaml_on_a_work_pool_with_two_workers(
     env: dict[str, str], background: Any, tmp_path: Path
 ) -> None:
@@ -166,20 +149,6 @@ def test_prefect_yaml_on_a_work_pool_with_two_workers(
     assert all(submitted.values()), submitted  # both workers took runs
     names = sorted(flow_name(r) for runs in submitted.values() for r in runs)
     assert names == ["fleet-health-check", "incident-response"] + ["sweep-batch"] * 4, names
-
-
-def taken(log: str) -> list[str]:
-    """The flow runs a worker's log says it submitted and did not leave to another worker."""
-    aborted = set(re.findall(r"Aborted submission of flow run '([0-9a-f-]{36})'", log))
-    submitted = re.findall(r"submitting flow run '([0-9a-f-]{36})'", log)
-    return [r for r in dict.fromkeys(submitted) if r not in aborted]
-
-
-def flow_name(run_id: str) -> str:
-    from prefect import get_client
-
-    with get_client(sync_client=True) as client:
-        return client.read_flow(client.read_flow_run(UUID(run_id)).flow_id).name
 
 
 def test_cudamedic_serve_runs_an_incident_response(

@@ -12,7 +12,6 @@ import subprocess
 import time
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -20,9 +19,9 @@ from uuid import UUID
 
 import pytest
 
-from tests.fleet import Fleet, use_api, worker_env
+from tests.fleet import PREFECT, Fleet, Pool, use_api, work_pool, worker_env
 from tests.lab.lab import LabState
-from tests.test_deploy import PREFECT, ROOT, flow_name, flow_run_id, pause_schedules, taken
+from tests.test_deploy import flow_run_id
 from tests.test_flows import sweep_runbook
 
 pytestmark = pytest.mark.fleet
@@ -30,87 +29,21 @@ pytestmark = pytest.mark.fleet
 WORKERS = ("w1", "w2")
 
 
-@dataclass
-class Pool:
-    """The deployments of deploy/prefect.yaml on a work pool with two running workers."""
-
-    name: str
-    api_url: str
-    operator: dict[str, str]  # the environment of `prefect` commands run by an operator
-    logs: dict[str, Path]  # worker name -> its log
-    procs: dict[str, subprocess.Popen[bytes]]
-
-    def prefect(self, *args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [*PREFECT, *args],
-            cwd=ROOT,
-            env=self.operator,
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-        )
-
-    def marks(self) -> dict[str, int]:
-        """Where each worker's log ends now (for `took_since`)."""
-        return {w: log.stat().st_size for w, log in self.logs.items()}
-
-    def took_since(self, marks: dict[str, int]) -> dict[str, list[str]]:
-        """Worker -> the flows of the runs its log says it took since `marks`."""
-        took = {}
-        with use_api(self.api_url):
-            for w, log in self.logs.items():
-                with log.open("rb") as f:
-                    f.seek(marks[w])
-                    took[w] = [flow_name(r) for r in taken(f.read().decode(errors="replace"))]
-        return took
-
-    def worker_logs(self) -> str:
-        return "".join(f"--- {n}\n{p.read_text(errors='replace')}" for n, p in self.logs.items())
-
-
 @pytest.fixture(scope="module")
 def pool(fleet: Fleet, lab: LabState, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pool]:
     root = tmp_path_factory.mktemp("fleet")
-    name = f"cudamedic-fleet-{uuid.uuid4().hex[:6]}"
     base = {
         **os.environ,
         "CUDAMEDIC_CONFIG": lab.config,
-        "CUDAMEDIC_HOME": str(ROOT),
-        "CUDAMEDIC_WORK_POOL": name,
-        "CUDAMEDIC_SWEEP_RUNBOOK": str(sweep_runbook(root, **{"batch_size: 25": "batch_size: 1"})),
+        "CUDAMEDIC_SWEEP_RUNBOOK": str(
+            sweep_runbook(root, **{"batch_run_size: 500": "batch_run_size: 1"})
+        ),
         "PREFECT_WORKER_QUERY_SECONDS": "1",
         "PREFECT_LOGGING_LEVEL": "INFO",
         "PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL": "INFO",  # the workers' logs say what they took
     }
-    made = Pool(name, fleet.api_url, worker_env(base, fleet.api_url, root / "operator"), {}, {})
-    for argv in (
-        ["work-pool", "create", name, "--type", "process"],
-        ["--no-prompt", "deploy", "--all", "--prefect-file", "deploy/prefect.yaml"],
-    ):
-        done = made.prefect(*argv)
-        assert done.returncode == 0, done.stdout + done.stderr
-    with use_api(fleet.api_url):
-        pause_schedules("fleet-health-check/fleet-sweep")
-    for worker in WORKERS:
-        made.logs[worker] = root / f"{worker}.log"
-        made.procs[worker] = subprocess.Popen(
-            [*PREFECT, "worker", "start", "--pool", name, "--name", worker, "--limit", "2"],
-            cwd=ROOT,
-            env=worker_env(base, fleet.api_url, root / worker),
-            stdout=made.logs[worker].open("wb"),
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-    yield made
-    for proc in made.procs.values():
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGINT)
-    for proc in made.procs.values():
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+    with work_pool(fleet.api_url, base, root, WORKERS) as made:
+        yield made
 
 
 def wait_final(pool: Pool, run_id: str, timeout: float = 300, fail: bool = True) -> Any:

@@ -150,3 +150,42 @@ def test_secrets_planted_in_a_container_never_reach_the_bundle(
     assert leaks == []
     log = (Path(bundle) / "containers" / f"{container_name}.log").read_text()
     assert log.count("[REDACTED]") >= 20
+
+
+def test_each_anchored_pattern_finds_what_its_plain_search_finds() -> None:
+    """The redactor skips to the literals a pattern's matches start with (runbooks/redact.py,
+    `_Anchored`); a literal missing from a pattern's anchors would let its secrets through. Each
+    pattern, anchored and plain, on the fixtures and the redaction tests' modules (they hold every
+    secret format the tests plant) and on windows of them, in ASCII and not."""
+    import random
+
+    from runbooks import redact
+
+    fast = {n: v for n, v in vars(redact).items() if isinstance(v, redact._Anchored)}
+    assert len(fast) >= 7, fast
+    here = Path(__file__).parent
+    texts = [
+        p.read_text(errors="replace")[:8_000]
+        for p in sorted((here / "fixtures").rglob("*"))
+        if p.is_file() and p.suffix in {".txt", ".log", ".xml", ".json"}
+    ]
+    texts += [(here / f).read_text() for f in ("test_redact.py", "test_hostile_secrets.py")]
+    texts += [line.format(value) for _, value, line in SECRETS]
+    rng = random.Random(17)
+    windows = []
+    for text in texts:
+        for _ in range(2):
+            at = rng.randrange(len(text) + 1)
+            windows.append(text[at : at + rng.randrange(1, 2000)])
+    found = 0
+    for name, anchored in fast.items():
+        for text in texts + windows + ["Ä " + w for w in windows[:200]]:
+            plain = [m.span() for m in anchored.pattern.finditer(text)]
+            starts = anchored.starts(text)
+            mine, pos = [], 0
+            while m := anchored.search(text, pos, starts):
+                mine.append(m.span())
+                pos = max(m.end(), m.start() + 1)
+            assert mine == plain, (name, text[:200])
+            found += len(plain)
+    assert found > 100  # the texts hold secrets of every kind: the comparison is not empty

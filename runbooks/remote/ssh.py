@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import select
 import shlex
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -91,7 +92,7 @@ class SshRunner:
         port = host.port if host.port != 22 else int(cfg.get("port", 22))
         user = host.user or cfg.get("user") or settings.ssh_user or "root"
         key_files = _key_files(host, settings, cfg)
-        client, policy = _client_with_host_keys(host, settings, cfg)
+        client, policy = _client_with_host_keys(host, settings, cfg, address, port)
         jump_spec = host.jump or cfg.get("proxyjump")
         sock = self._through_jump(str(jump_spec), jump_host, address, port) if jump_spec else None
         timeout = settings.ssh_connect_timeout
@@ -167,7 +168,7 @@ class SshRunner:
             chan = self.transport.open_session(timeout=self.settings.ssh_connect_timeout)
             chan.settimeout(0.5)
             chan.exec_command(command)
-        except (paramiko.SSHException, OSError) as exc:
+        except (paramiko.SSHException, OSError, TargetError) as exc:  # TargetError: it dropped
             return CommandResult(command=command, exit_code=255, stderr=f"ssh: {exc}".encode())
         deadline = start + timeout
         timed_out = False
@@ -222,27 +223,53 @@ def _key_files(host: Host, settings: Settings, cfg: dict[str, Any]) -> list[str]
 
 
 def _client_with_host_keys(
-    host: Host, settings: Settings, cfg: dict[str, Any]
+    host: Host, settings: Settings, cfg: dict[str, Any], address: str, port: int
 ) -> tuple[paramiko.SSHClient, paramiko.MissingHostKeyPolicy]:
-    """A client that knows the system's, the settings' and ~/.ssh/config's known hosts and
-    rejects unknown keys (unless the inventory opts in for this host)."""
+    """A client that knows the host's keys from the system's, the settings' and ~/.ssh/config's
+    known hosts, and rejects unknown keys (unless the inventory opts in for this host)."""
+    paths = [Path("~/.ssh/known_hosts").expanduser()]
+    paths += [settings.known_hosts] if settings.known_hosts else []
+    paths += [Path(p).expanduser() for p in str(cfg.get("userknownhostsfile", "")).split() if p]
+    name = address if port == 22 else f"[{address}]:{port}"  # as paramiko looks it up
     client = paramiko.SSHClient()
-    try:
-        client.load_system_host_keys()
-    except (OSError, paramiko.SSHException) as exc:
-        raise InputError(f"cannot read ~/.ssh/known_hosts: {exc}") from exc
-    extra = [settings.known_hosts] if settings.known_hosts else []
-    extra += [Path(p).expanduser() for p in str(cfg.get("userknownhostsfile", "")).split() if p]
-    for path in extra:
-        if path.is_file():
-            try:
-                client.load_host_keys(str(path))
-            except (OSError, paramiko.SSHException) as exc:
-                raise InputError(f"cannot read known_hosts file {path}: {exc}") from exc
+    mine = client.get_host_keys()
+    for path in paths:
+        for keytype, key in (_known_hosts(path).lookup(name) or {}).items():
+            mine.add(name, keytype, key)
     policy: paramiko.MissingHostKeyPolicy
     policy = _AcceptOnce() if host.accept_unknown_host_key else paramiko.RejectPolicy()
     client.set_missing_host_key_policy(policy)
     return client, policy
+
+
+_known_lock = threading.Lock()
+_known: dict[Path, tuple[tuple[int, int], paramiko.HostKeys]] = {}
+
+
+def _known_hosts(path: Path) -> paramiko.HostKeys:
+    """A known_hosts file, parsed once while it stays the same (a fleet's file has a line per
+    host: parsing it for every connection made a 1,000-host sweep quadratic). A missing file
+    knows no host."""
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        return paramiko.HostKeys()
+    except OSError as exc:
+        raise InputError(f"cannot read known_hosts file {path}: {exc}") from exc
+    if not path.is_file():
+        return paramiko.HostKeys()
+    version = (st.st_mtime_ns, st.st_size)
+    with _known_lock:
+        hit = _known.get(path)
+    if hit is not None and hit[0] == version:
+        return hit[1]
+    try:
+        keys = paramiko.HostKeys(str(path))
+    except (OSError, paramiko.SSHException, ValueError) as exc:
+        raise InputError(f"cannot read known_hosts file {path}: {exc}") from exc
+    with _known_lock:
+        _known[path] = (version, keys)
+    return keys
 
 
 def _connect_error(exc: Exception, name: str, where: str, timeout: float) -> CudamedicError:

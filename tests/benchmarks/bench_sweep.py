@@ -23,14 +23,17 @@ namespaces; host-side delay comes from the commands' run times only.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import random
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -45,6 +48,7 @@ SEQUENTIAL_MAX = 100
 COMMANDS = [  # the host commands of runbooks/sweep.yaml
     "nvidia-smi",
     "nvidia-smi -q -x",
+    "nvidia-smi topo -m",
     "dmesg -T",
     "cat /proc/uptime",
     "df -h",
@@ -56,10 +60,12 @@ ONE_SHELL = "; ".join(f"{{ {c}; }}" for c in COMMANDS)
 SCRIPT = """#!/bin/sh
 case "$*" in
   "-L") exec cat {data}/nvidia-smi-L.txt ;;
-  "-q -x") sleep "${{BENCH_SMI_S:-0.4}}"; exit 0 ;;
+  "-q -x") f={data}/nvidia-smi.xml ;;
+  "topo -m") f={data}/nvidia-smi-topo.txt ;;
+  *) f={data}/nvidia-smi.txt ;;
 esac
 sleep "${{BENCH_SMI_S:-0.4}}"
-cat {data}/nvidia-smi.txt
+cat "$f"
 """
 
 
@@ -91,6 +97,9 @@ def build_fleet(n: int, seed: int = 7) -> list[Host]:
     for dest, src in {
         "nvidia-smi.txt": "nvidia-smi/h100-sxm-8gpu.txt",
         "nvidia-smi-L.txt": "nvidia-smi/list-h100-8gpu.txt",
+        # an 8-GPU node's whole `-q -x` (227 kB: parsing it is most of a host's client CPU)
+        "nvidia-smi.xml": "nvidia-smi-xml/v100s-pcie-8gpu-busy-v11.xml",
+        "nvidia-smi-topo.txt": "nvidia-smi-topo/h100-8gpu-nv18.txt",
         "dmesg.txt": "dmesg/driver-load-benign.txt",
         "lsmod.txt": "host-commands/lsmod-nvidia-peermem.txt",
         "nvidia-ctk.txt": "host-commands/nvidia-ctk-version.txt",
@@ -278,7 +287,7 @@ from runbooks.sweep import check_hosts
 s = load_settings(); book = load_runbook(None, "sweep"); inv = load_inventory(s.inventory)
 names = sys.argv[1:] or sorted(inv.hosts)
 res = check_hosts(names, inv, s, book, Path(s.out_dir) / "noprefect")
-print(json.dumps({r.health.host: r.health.verdict for r in res}))
+print(json.dumps({r.health.host: [f.code for f in r.health.findings] for r in res}))
 """
 
 PARAMIKO = """
@@ -318,6 +327,149 @@ print(ok)
 """.replace("TIMEOUT", str(CONNECT_TIMEOUT))
 
 
+# -- cudamedic on a work pool: Prefect on PostgreSQL, workers as separate processes ----------
+def _proc_cpu(pid: int) -> float:
+    """CPU seconds of `pid` and of its children it has reaped (a worker's finished flow runs)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return sum(int(x) for x in fields[11:15]) / os.sysconf("SC_CLK_TCK")
+
+
+def _tree_rss(pid: int) -> float:
+    """MiB resident in `pid` and every process under it, now."""
+    children: dict[int, list[int]] = {}
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                ppid = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+            children.setdefault(ppid, []).append(int(d.name))
+    total, todo = 0, [pid]
+    while todo:
+        p = todo.pop()
+        todo += children.get(p, [])
+        try:
+            for line in Path(f"/proc/{p}/status").read_text().splitlines():
+                if line.startswith("VmRSS:"):
+                    total += int(line.split()[1])
+        except OSError:
+            pass
+    return total / 1024
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> tuple[float, float]:
+    """Stop a worker (SIGINT to its group, SIGKILL after 20 s): its total CPU seconds with every
+    flow run it started, and the peak RSS (MiB) of its largest process."""
+    import signal
+
+    os.killpg(proc.pid, signal.SIGINT)
+    deadline = time.monotonic() + 20
+    while True:
+        pid, _, usage = os.wait4(proc.pid, os.WNOHANG)
+        if pid:
+            break
+        if time.monotonic() > deadline:
+            os.killpg(proc.pid, signal.SIGKILL)
+            _, _, usage = os.wait4(proc.pid, 0)
+            break
+        time.sleep(0.1)
+    proc.returncode = 0
+    return usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 1024
+
+
+def _online(api: str, pool: str, count: int, timeout: float = 120) -> None:
+    from prefect import get_client
+
+    from tests.fleet import use_api
+
+    deadline = time.monotonic() + timeout
+    with use_api(api), get_client(sync_client=True) as client:
+        while time.monotonic() < deadline:
+            workers = client.read_workers_for_work_pool(pool)
+            if sum(1 for w in workers if str(w.status).endswith("ONLINE")) >= count:
+                return
+            time.sleep(0.5)
+    raise SystemExit(f"{count} workers of {pool} not online in {timeout} s")
+
+
+def pool_sweep(api: str, env: dict[str, str], work: Path, workers: int) -> dict[str, object]:
+    """The deployed distributed sweep (deploy/prefect.yaml) of every host on `workers` workers:
+    wall time from the trigger to the run's end, the workers' CPU and RSS during it."""
+    import threading
+
+    from prefect import get_client
+    from prefect.deployments import run_deployment
+
+    from tests.fleet import use_api, work_pool
+
+    names = tuple(f"w{i + 1}" for i in range(workers))
+    base = {
+        **env,
+        "PREFECT_WORKER_QUERY_SECONDS": "1",
+        "CUDAMEDIC_FLEET": f"bench-{os.getpid()}-{time.time_ns()}",
+    }
+    root = Path(tempfile.mkdtemp(prefix="pool-", dir=work))
+    with work_pool(api, base, root, names, limit=3) as pool:
+        _online(api, pool.name, workers)
+        time.sleep(2)  # the workers' start-up is over: what follows is the sweep's
+        cpu0 = {w: _proc_cpu(p.pid) for w, p in pool.procs.items()}
+        peak = {w: 0.0 for w in names}
+        done = threading.Event()
+
+        def sample() -> None:
+            while not done.wait(0.5):
+                for w, p in pool.procs.items():
+                    peak[w] = max(peak[w], _tree_rss(p.pid))
+
+        sampler = threading.Thread(target=sample, daemon=True)
+        sampler.start()
+        t0 = time.monotonic()
+        with use_api(api):
+            run = run_deployment("fleet-health-check/fleet-sweep", timeout=0)
+            with get_client(sync_client=True) as client:
+                while True:
+                    run = client.read_flow_run(run.id)
+                    if run.state is not None and run.state.is_final():
+                        break
+                    if time.monotonic() - t0 > 1800:
+                        break
+                    time.sleep(0.2)
+                wall = time.monotonic() - t0
+                rows = _sweep_rows(client, run.id)
+        done.set()
+        sampler.join()
+        usage = {w: _stop(p) for w, p in pool.procs.items()}
+        log_tail = pool.worker_logs()[-3000:]
+    ran = (run.end_time - run.start_time).total_seconds() if run.end_time and run.start_time else 0
+    return {
+        "wall": wall,
+        "run_s": ran,
+        "cpu": sum(usage[w][0] - cpu0[w] for w in names),
+        "rss": max(u[1] for u in usage.values()),
+        "tree_rss": max(peak.values()),
+        "rc": 0 if run.state is not None and run.state.is_completed() else 1,
+        "out": json.dumps(rows),
+        "err": "" if run.state is not None and run.state.is_completed() else log_tail,
+    }
+
+
+def _sweep_rows(client: object, run_id: object) -> dict[str, list[str]]:
+    """Host -> finding codes, from the sweep run's `fleet-sweep-hosts` table."""
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId
+
+    arts = client.read_artifacts(  # type: ignore[attr-defined]
+        artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[run_id]))
+    )
+    for a in arts:
+        if a.key == "fleet-sweep-hosts":
+            data = json.loads(a.data) if isinstance(a.data, str) else a.data
+            return {
+                r["host"]: [c.split("@")[0] for c in str(r["findings"]).split(", ") if c != "-"]
+                for r in data
+            }
+    return {}
+
+
 def ensure_tools() -> Path:
     py = BENCH_VENV / "bin" / "python"
     if not py.exists():
@@ -341,9 +493,26 @@ def ensure_tools() -> Path:
     return py
 
 
+TOOLS = ("sweep", "noprefect", "pool2", "pool1", "ansible", "pssh", "sequential")
+NAMES = {
+    "sweep": "cudamedic sweep",
+    "noprefect": "cudamedic, no Prefect",
+    "pool2": "cudamedic, 2 workers on PostgreSQL",
+    "pool1": "cudamedic, 1 worker on PostgreSQL",
+    "ansible": "ansible -f 50 -m command",
+    "pssh": "parallel-ssh",
+    "sequential": "sequential paramiko",
+}
+
+
 def contenders(
-    hosts: list[Host], bench_py: Path, work: Path, api: str
-) -> dict[str, dict[str, float]]:
+    hosts: list[Host],
+    bench_py: Path,
+    work: Path,
+    api: str,
+    pool_api: str | None,
+    tools: list[str],
+) -> dict[str, dict[str, object]]:
     env = {
         **os.environ,
         "CUDAMEDIC_CONFIG": str(ROOT / "cudamedic.yaml"),
@@ -353,10 +522,36 @@ def contenders(
         "PREFECT_LOGGING_LEVEL": "WARNING",
     }
     inv, known = str(ROOT / "inventory.yaml"), str(ROOT / "known_hosts")
-    results: dict[str, dict[str, float]] = {}
-    results["cudamedic sweep"] = measure([str(REPO / ".venv/bin/cudamedic"), "sweep"], env)
-    results["cudamedic, no Prefect"] = measure([PY, "-c", NOPREFECT], env)
-    ansible_env = {
+    results: dict[str, dict[str, object]] = {}
+    for tool in tools:
+        fresh = {**env, "CUDAMEDIC_FLEET": f"bench-{tool}-{time.time_ns()}"}  # all news
+        if tool == "sweep":
+            results[NAMES[tool]] = measure(
+                [str(REPO / ".venv/bin/cudamedic"), "sweep", "--json"], fresh
+            )
+        elif tool == "noprefect":
+            results[NAMES[tool]] = measure([PY, "-c", NOPREFECT], fresh)
+        elif tool in ("pool1", "pool2") and pool_api:
+            results[NAMES[tool]] = pool_sweep(pool_api, fresh, work, int(tool[-1]))
+        elif tool == "ansible":
+            results[NAMES[tool]] = measure(_ansible_argv(bench_py), _ansible_env(env, work, known))
+        elif tool == "pssh":
+            results[NAMES[tool]] = measure([str(bench_py), "-c", PSSH, inv, ONE_SHELL], env)
+        elif tool == "sequential" and len(hosts) <= SEQUENTIAL_MAX:  # minutes beyond that
+            results[NAMES[tool]] = measure([PY, "-c", PARAMIKO, inv, known, ONE_SHELL], env)
+        print(f"  {tool} done", flush=True)
+    # The slowest single host's own time (same tool, alone): a slow host, and a dead one.
+    slow = next(h for h in hosts if h.kind == "slow")
+    dead = next((h for h in hosts if h.kind == "dead"), None)
+    alone = [float(measure([PY, "-c", NOPREFECT, slow.name], env)["wall"])]
+    if dead:
+        alone.append(float(measure([PY, "-c", NOPREFECT, dead.name], env)["wall"]))
+    results["_slowest_host"] = {"wall": max(alone)}
+    return results
+
+
+def _ansible_env(env: dict[str, str], work: Path, known: str) -> dict[str, str]:
+    return {
         **env,
         "ANSIBLE_HOST_KEY_CHECKING": "True",
         "ANSIBLE_PIPELINING": "True",
@@ -367,37 +562,33 @@ def contenders(
         "ANSIBLE_LOCAL_TEMP": str(work / "ansible-tmp"),
         "ANSIBLE_REMOTE_TEMP": "/tmp/.ansible-bench",
     }
-    results["ansible -f 50 -m command"] = measure(
-        [
-            str(bench_py.parent / "ansible"),
-            "all",
-            "-i",
-            str(ROOT / "ansible.ini"),
-            "-f",
-            "50",
-            "-m",
-            "command",
-            "-a",
-            f"sh -c '{ONE_SHELL}'",
-        ],
-        ansible_env,
-    )
-    results["parallel-ssh"] = measure([str(bench_py), "-c", PSSH, inv, ONE_SHELL], env)
-    if len(hosts) <= SEQUENTIAL_MAX:  # the floor takes minutes beyond that
-        results["sequential paramiko"] = measure([PY, "-c", PARAMIKO, inv, known, ONE_SHELL], env)
-    # The slowest single host's own time (same tool, alone): a slow host, and a dead one.
-    slow = next(h for h in hosts if h.kind == "slow")
-    dead = next((h for h in hosts if h.kind == "dead"), None)
-    alone = [measure([PY, "-c", NOPREFECT, slow.name], env)["wall"]]
-    if dead:
-        alone.append(measure([PY, "-c", NOPREFECT, dead.name], env)["wall"])
-    results["_slowest_host"] = {"wall": max(alone)}
-    return results
+
+
+def _ansible_argv(bench_py: Path) -> list[str]:
+    return [
+        str(bench_py.parent / "ansible"), "all", "-i", str(ROOT / "ansible.ini"), "-f", "50",
+        "-m", "command", "-a", f"sh -c '{ONE_SHELL}'",
+    ]  # fmt: skip
+
+
+@contextlib.contextmanager
+def pool_server(work: Path) -> Iterator[str]:
+    """PostgreSQL and a Prefect server on it (the test harness's, tests/fleet.py): its API URL."""
+    from tests.fleet import postgres, prefect_on
+
+    ports = []
+    for _ in range(2):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            ports.append(s.getsockname()[1])
+    with postgres(ports[0]) as pg, prefect_on(pg, ports[1]) as api:
+        yield api
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--sizes", type=int, nargs="+", default=[50, 100, 300])
+    ap.add_argument("--tools", nargs="+", choices=TOOLS, default=list(TOOLS))
     ap.add_argument("--out", default="bench-sweep.png")
     ap.add_argument("--keep", action="store_true", help="leave the last fleet running")
     args = ap.parse_args()
@@ -405,8 +596,6 @@ def main() -> None:
         raise SystemExit("run as root (network namespaces, sshd)")
     bench_py = ensure_tools()
     work = Path(tempfile.mkdtemp(prefix="cudamedic-bench-sweep-"))
-    import socket
-
     from runbooks.settings import Settings
 
     with socket.socket() as s:
@@ -417,8 +606,14 @@ def main() -> None:
     from flows.server import ensure_local_server, stop_local_server
 
     api = ensure_local_server(server)
-    table: dict[int, dict[str, dict[str, float]]] = {}
-    try:
+    table: dict[int, dict[str, dict[str, object]]] = {}
+    with contextlib.ExitStack() as stack:
+        stack.callback(stop_local_server, server)
+        if not args.keep:
+            stack.callback(teardown)
+        pool_api = None
+        if {"pool1", "pool2"} & set(args.tools):
+            pool_api = stack.enter_context(pool_server(work))
         for n in args.sizes:
             t0 = time.monotonic()
             hosts = build_fleet(n)
@@ -429,17 +624,13 @@ def main() -> None:
                 f"{sum(h.kind == 'slow' for h in hosts)} slow)",
                 flush=True,
             )
-            table[n] = contenders(hosts, bench_py, work, api)
+            table[n] = contenders(hosts, bench_py, work, api, pool_api, args.tools)
             report(n, table[n])
-    finally:
-        if not args.keep:
-            teardown()
-        stop_local_server(server)
     (work / "results.json").write_text(
         json.dumps(
             {
                 n: {
-                    k: {m: v for m, v in r.items() if m in ("wall", "cpu", "rss", "rc")}
+                    k: {m: v for m, v in r.items() if m not in ("out", "err")}
                     for k, r in res.items()
                 }
                 for n, res in table.items()
@@ -451,20 +642,23 @@ def main() -> None:
     print(f"raw figures: {work / 'results.json'}")
 
 
+UNCHECKED = {"host-unreachable", "check-failed"}
+
+
 def answered(name: str, out: str) -> int:
     """Hosts the tool got a full answer from (live hosts: all but the dead and refusing)."""
     import re
 
-    if name == "cudamedic sweep":
-        m = re.search(r"(\d+) healthy", out)
-        return int(m.group(1)) if m else 0
-    if name == "cudamedic, no Prefect":
-        try:
-            return sum(
-                1 for v in json.loads(out.strip().splitlines()[-1]).values() if v == "healthy"
-            )
-        except (ValueError, IndexError):
-            return 0
+    try:
+        if name == "cudamedic sweep":
+            doc = json.loads(out)
+            unchecked = {c["host"] for c in doc["changes"] if c["code"] in UNCHECKED}
+            return int(doc["hosts"]) - len(unchecked)
+        if name.startswith("cudamedic"):
+            codes = json.loads(out.strip().splitlines()[-1])
+            return sum(1 for found in codes.values() if not UNCHECKED & set(found))
+    except (ValueError, IndexError, KeyError, TypeError):
+        return 0
     if name.startswith("ansible"):
         return len(re.findall(r"^\S+ \| (?:CHANGED|SUCCESS) \|", out, re.M))
     try:
@@ -473,41 +667,49 @@ def answered(name: str, out: str) -> int:
         return 0
 
 
-def report(n: int, res: dict[str, dict[str, float]]) -> None:
-    base = res["sequential paramiko"]["wall"] if "sequential paramiko" in res else float("nan")
-    ans = res["ansible -f 50 -m command"]["wall"]
-    pssh = res["parallel-ssh"]["wall"]
-    slowest = res["_slowest_host"]["wall"]
+def report(n: int, res: dict[str, dict[str, object]]) -> None:
+    def f(name: str, key: str) -> float:
+        return float(res[name][key]) if name in res else float("nan")  # type: ignore[arg-type]
+
+    slowest = f("_slowest_host", "wall")
+    pssh_cpu = f("parallel-ssh", "cpu") / n
     print(f"\n{n} hosts (slowest single host alone: {slowest:.1f} s)")
     print(
-        "| tool | hosts answered | wall s | CPU s | peak RSS MiB | × sequential "
-        "| × slowest host | exit |"
+        "| tool | hosts answered | wall s | × slowest host | CPU s | CPU ms/host "
+        "| × parallel-ssh CPU | peak RSS MiB (largest process / whole worker) | exit |"
     )
-    print("|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|")
     for name, r in res.items():
         if name.startswith("_"):
             continue
+        rss = f"{f(name, 'rss'):.0f}" + (f" / {f(name, 'tree_rss'):.0f}" if "tree_rss" in r else "")
         print(
-            f"| {name} | {answered(name, str(r['out']))} | {r['wall']:.1f} | {r['cpu']:.1f} | "
-            f"{r['rss']:.0f} | "
-            f"{r['wall'] / base:.2f} | {r['wall'] / slowest:.2f} | {r['rc']} |"
+            f"| {name} | {answered(name, str(r['out']))} | {f(name, 'wall'):.1f} | "
+            f"{f(name, 'wall') / slowest:.2f} | {f(name, 'cpu'):.1f} | "
+            f"{1000 * f(name, 'cpu') / n:.0f} | "
+            f"{f(name, 'cpu') / n / pssh_cpu:.2f} | {rss} | {r['rc']} |"
         )
-    cm = res["cudamedic sweep"]["wall"]
-    print(
-        f"goals: sweep <= 1.5 x slowest + 5 s: {cm:.1f} <= {1.5 * slowest + 5:.1f} "
-        f"{'met' if cm <= 1.5 * slowest + 5 else 'NOT met'}; >= 3x faster than ansible: "
-        f"{ans / cm:.1f}x {'met' if ans / cm >= 3 else 'NOT met'}; within 1.2x of parallel-ssh: "
-        f"{cm / pssh:.2f}x {'met' if cm <= 1.2 * pssh else 'NOT met'}",
-        flush=True,
-    )
+        if r["rc"]:
+            print(str(r["err"])[-1500:])
+    goal = 1.3 * slowest + 5
+    for name in [k for k in res if k.startswith("cudamedic")]:
+        wall, cpu = f(name, "wall"), f(name, "cpu") / n
+        rss = f(name, "tree_rss") if "tree_rss" in res[name] else f(name, "rss")
+        print(
+            f"goals, {name}: wall <= 1.3 x slowest + 5 s: {wall:.1f} <= {goal:.1f} "
+            f"{'met' if wall <= goal else 'NOT met'}; CPU/host <= 2 x parallel-ssh's: "
+            f"{cpu / pssh_cpu:.2f}x {'met' if cpu <= 2 * pssh_cpu else 'NOT met'}; "
+            f"RSS per worker < 150 MiB: {rss:.0f} {'met' if rss < 150 else 'NOT met'}",
+            flush=True,
+        )
 
 
-def chart(table: dict[int, dict[str, dict[str, float]]], out: Path, bench_py: Path) -> None:
-    data = {
-        name: [(n, res[name]["wall"]) for n, res in sorted(table.items()) if name in res]
-        for name in next(iter(table.values()))
-        if not name.startswith("_")
-    }
+def chart(table: dict[int, dict[str, dict[str, object]]], out: Path, bench_py: Path) -> None:
+    data: dict[str, list[tuple[int, float]]] = {}
+    for n, res in sorted(table.items()):
+        for name, r in res.items():
+            if not name.startswith("_"):
+                data.setdefault(name, []).append((n, float(r["wall"])))  # type: ignore[arg-type]
     code = (
         "import json, sys, matplotlib; matplotlib.use('Agg'); import matplotlib.pyplot as plt\n"
         "d = json.loads(sys.argv[1]); fig, ax = plt.subplots(figsize=(7, 4.5))\n"
