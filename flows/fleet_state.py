@@ -4,6 +4,8 @@ never on one worker's disk, so a sweep run by worker B knows what worker A's swe
 - A **lock** is a Prefect global concurrency limit of one slot, created on first use. Its slot is a
   lease: a worker that dies holding it loses it after `LEASE_S`, so a crashed sweep never blocks
   the fleet for good (flock on a shared disk would, and is no lock across machines anyway).
+- A **quick lock** (`quick_lock`) is the same kind of limit taken over the raw REST API (2 s, no
+  retries) and never waited for: for the paths that must answer fast (Slack delivery).
 - A **memory** of keys already handled (Slack's replays and retries, Alertmanager's repeats): one
   Prefect Variable per key, created only when absent, so the server decides who saw it first.
 - A **document** (the sweep state) is the newest version of a keyed Prefect artifact: the server's
@@ -75,6 +77,57 @@ def fleet_lock(name: str, settings: Settings, timeout_s: float = 600.0) -> Itera
         full, occupy=1, timeout_seconds=timeout_s, lease_duration=LEASE_S, strict=True
     ):
         yield
+
+
+QUICK_LEASE_S = 60.0  # the server's shortest lease: a dead holder frees a quick lock this fast
+
+
+@contextlib.contextmanager
+def quick_lock(name: str, settings: Settings) -> Iterator[Callable[[], None] | None]:
+    """The fleet-wide lock `name` when it is free now, else None: never waits. Yields a function
+    that renews the lease (call it at least every `QUICK_LEASE_S`/2 while holding it). Raw calls
+    of 2 s without retries: OSError, ValueError or LookupError when Prefect cannot be asked."""
+    lease = _lease(lock_name(name, settings))
+    if lease is None:
+        yield None
+        return
+
+    def renew() -> None:
+        path = f"/v2/concurrency_limits/leases/{lease}/renew"
+        _prefect("POST", path, {"lease_duration": QUICK_LEASE_S})
+
+    try:
+        yield renew
+    finally:
+        _release(lease)
+
+
+def _lease(full: str) -> str | None:
+    """A lease on the one slot of the limit `full` (created on first use), or None: taken."""
+    body = {"names": [full], "slots": 1, "mode": "concurrency", "lease_duration": QUICK_LEASE_S}
+    for _ in range(2):
+        try:
+            got = _prefect("POST", "/v2/concurrency_limits/increment-with-lease", body)
+        except urllib.error.HTTPError as exc:
+            if exc.code == 423:  # Locked: another process holds it
+                return None
+            raise
+        if got["limits"]:
+            return str(got["lease_id"])
+        _release(str(got["lease_id"]))  # no such limit yet: the lease held nothing
+        try:
+            _prefect("POST", "/v2/concurrency_limits/", {"name": full, "limit": 1})
+        except urllib.error.HTTPError as exc:
+            if exc.code != 409:  # 409: another process created it first
+                raise
+    raise LookupError(f"the concurrency limit {full} could not be created")
+
+
+def _release(lease: str) -> None:
+    try:
+        _prefect("POST", "/v2/concurrency_limits/decrement-with-lease", {"lease_id": lease})
+    except (OSError, ValueError, LookupError) as exc:  # the lease runs out by itself
+        log.warning("releasing a fleet lock failed (%s): it expires by itself", type(exc).__name__)
 
 
 def read_document(key: str) -> Any | None:

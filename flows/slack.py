@@ -31,9 +31,10 @@ from flows.http import HttpServer, Limits, json_app, read_body, reply
 from flows.incident import run_url
 from flows.slack_delivery import (  # noqa: F401 - the app's side of delivery, and its old home
     SlackThread,
-    dead_letters,
+    dead,
     deliver,
     flush_outbox,
+    waiting,
     web_client,
 )
 from flows.triage import answer

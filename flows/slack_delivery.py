@@ -1,10 +1,11 @@
 """Slack delivery from the flows (PURE of the app): progress in a response's thread, the
 approval request, the post-mortem, sweep news. It never fails a flow and never jams: slack-sdk
 retries rate limits (429 + Retry-After), server errors and dropped connections; what still fails
-for a passing reason waits in ``STATE_DIR/slack-outbox.jsonl`` and is sent, in order, by the next
-delivery; what Slack refuses for good (``channel_not_found``, ``not_in_channel``,
-``invalid_auth``, ...) goes to ``STATE_DIR/slack-dead-letter.jsonl`` with the reason, and the
-messages behind it go on.
+for a passing reason waits in the fleet's outbox in Prefect (flows/slack_outbox.py: any worker
+sends it, also when the one that kept it is gone) and is sent, in order, by the next delivery
+of any worker, or by the Slack app's flusher; what Slack refuses for good (``channel_not_found``,
+``not_in_channel``, ``invalid_auth``, ...) goes to the fleet's dead letters with the reason, and
+the messages behind it go on. `waiting` and `dead` list them.
 
 The flows know only `Notifier` (flows/notify.py); `thread_for` gives them a Slack thread. The Slack
 app (flows/slack.py) starts responses and imports the flows; nothing here imports the app.
@@ -12,23 +13,21 @@ app (flows/slack.py) starts responses and imports the flows; nothing here import
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import http.client
-import json
 import logging
-import threading
 import time
 import urllib.error
-from collections.abc import Iterator
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
+from flows import slack_outbox as outbox
+from flows.fleet_state import QUICK_LEASE_S, quick_lock
 from reports import slack as msg
 from runbooks.settings import Settings
 
 log = logging.getLogger(__name__)
-_outbox_lock = threading.Lock()
+# calls worth nothing later (a modal's trigger_id lives 3 s): never kept, never wait on Prefect
+NOW_OR_NEVER = frozenset({"views.open"})
 # Slack's answers that mean "try again later"; every other error is final for that message
 TRANSIENT_ERRORS = frozenset(
     {"ratelimited", "internal_error", "fatal_error", "service_unavailable", "request_timeout"}
@@ -57,30 +56,6 @@ def web_client(settings: Settings) -> Any:
             ServerErrorRetryHandler(max_retry_count=2),
         ],
     )
-
-
-def _outbox(settings: Settings) -> Path:
-    return settings.state_path / "slack-outbox.jsonl"
-
-
-def dead_letters(settings: Settings) -> Path:
-    """Messages Slack refused for good, one JSON line each with the reason."""
-    return settings.state_path / "slack-dead-letter.jsonl"
-
-
-@contextlib.contextmanager
-def _locked(settings: Settings) -> Iterator[None]:
-    """The outbox to this thread alone: a lock within the process, flock between processes
-    (the app, the workers, a second replica sharing STATE_DIR)."""
-    with _outbox_lock:
-        path = settings.state_path / "slack-outbox.lock"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with path.open("a") as f:
-            fcntl.flock(f, fcntl.LOCK_EX)
-            try:
-                yield
-            finally:
-                fcntl.flock(f, fcntl.LOCK_UN)
 
 
 def _send(client: Any, item: dict[str, Any]) -> dict[str, Any]:
@@ -114,6 +89,8 @@ def deliver(settings: Settings, method: str, **args: Any) -> dict[str, Any] | No
     if client is None:
         return None
     item = {"method": method, "args": args}
+    if method in NOW_OR_NEVER:
+        return _send_now(client, item)
     if flush_outbox(settings, client):  # older messages still wait: keep the order
         _keep(settings, item)
         return None
@@ -125,71 +102,104 @@ def deliver(settings: Settings, method: str, **args: Any) -> dict[str, Any] | No
             log.warning("Slack %s failed (kept for later): %s", method, type(exc).__name__)
             _keep(settings, item)
         else:
-            _dead(settings, item, why)
+            outbox.bury(settings, item, why)
+        return None
+
+
+def _send_now(client: Any, item: dict[str, Any]) -> dict[str, Any] | None:
+    """A call that is worth nothing later (a modal's trigger lives 3 s): sent at once, past the
+    outbox and without asking Prefect (it answers a click before the acknowledgement)."""
+    try:
+        return _send(client, item)
+    except Exception as exc:
+        log.warning("Slack %s failed (not kept): %s", item["method"], type(exc).__name__)
         return None
 
 
 def _keep(settings: Settings, item: dict[str, Any]) -> None:
-    with _locked(settings), _outbox(settings).open("a", encoding="utf-8") as f:
-        f.write(json.dumps({**item, "at": time.time()}) + "\n")
-
-
-def _dead(settings: Settings, item: dict[str, Any], why: str) -> None:
-    log.warning("Slack refused %s for good (%s): kept in the dead letters", item["method"], why)
-    path = dead_letters(settings)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("a", encoding="utf-8") as f:
-        f.write(json.dumps({**item, "reason": why, "dead_at": time.time()}) + "\n")
+    outbox.keep(settings, {**item, "at": time.time()})
 
 
 def flush_outbox(settings: Settings, client: Any = None) -> int:
-    """Send what earlier deliveries could not; returns how many are still waiting. A message
-    Slack refuses for good goes to the dead letters and never holds back those behind it."""
-    path = _outbox(settings)
-    if not path.exists():
-        return 0
+    """Send what earlier deliveries could not, oldest first; returns how many still wait (at
+    least 1 while another process of the fleet is sending them). A message Slack refuses for
+    good goes to the dead letters and never holds back those behind it. When Prefect cannot be
+    asked, what this machine kept is sent from its local cache."""
     client = client or web_client(settings)
     if client is None:
         return 0
-    with _locked(settings):
-        if not path.exists():  # another process sent them meanwhile
-            return 0
-        items = _outbox_items(path.read_text(encoding="utf-8", errors="replace"))
-        left = []
-        for i, item in enumerate(items):
-            try:
-                _send(client, item)
-            except Exception as exc:
-                why = refused_for_good(exc)
-                if why is None:
-                    left = items[i:]  # keep the order: stop at the first passing failure
-                    break
-                _dead(settings, item, why)
-        if left:
-            path.write_text("".join(json.dumps(x) + "\n" for x in left), encoding="utf-8")
-        else:
-            path.unlink(missing_ok=True)
+    try:
+        return _flush_fleet(settings, client)
+    except outbox.PrefectUnavailable:
+        return _flush_local(settings, client)
+
+
+def _flush_fleet(settings: Settings, client: Any) -> int:
+    if not outbox.local_outbox(settings).exists() and not outbox.any_stored(settings):
+        return 0  # the common case: one small call
+    try:
+        with quick_lock("slack-outbox", settings) as renew:
+            if renew is None:
+                return 1  # another process sends them now; a new message waits behind them
+            outbox.move_local(settings)
+            return _send_stored(settings, client, renew)
+    except (OSError, ValueError, LookupError) as exc:  # the lock's calls
+        raise outbox.PrefectUnavailable(type(exc).__name__) from None
+
+
+def _send_stored(settings: Settings, client: Any, renew: Callable[[], None]) -> int:
+    """The fleet's waiting messages in order (and those kept while sending), each removed once
+    sent; stops at the first passing failure."""
+    renewed, done = time.monotonic(), set()
+    while items := [x for x in outbox.stored(settings) if x[0] not in done]:
+        for n, (art_id, item) in enumerate(items):
+            if time.monotonic() - renewed > QUICK_LEASE_S / 3:
+                renew()
+                renewed = time.monotonic()
+            if _failed_for_now(settings, client, item):
+                return len(items) - n
+            outbox.remove(art_id)
+            done.add(art_id)
+    return 0
+
+
+def _flush_local(settings: Settings, client: Any) -> int:
+    """What this machine kept while Prefect was away, sent from the local cache."""
+    path = outbox.local_outbox(settings)
+    if not path.exists():
+        return 0
+    with outbox.locked(settings):
+        items = outbox.read_local(path)
+        left: list[dict[str, Any]] = []
+        for n, item in enumerate(items):
+            if _failed_for_now(settings, client, item):
+                left = items[n:]  # keep the order: stop at the first passing failure
+                break
+        outbox.write_local(path, left)
         return len(left)
 
 
-def _outbox_items(text: str) -> list[dict[str, Any]]:
-    """The outbox's messages; a line cut by a crash or edited by hand is dropped (it would
-    otherwise fail every flush and hold back everything behind it)."""
-    items = []
-    for line in text.splitlines():
-        try:
-            item = json.loads(line) if line.strip() else None
-        except (ValueError, RecursionError):
-            item = None
-        if (
-            isinstance(item, dict)
-            and isinstance(item.get("method"), str)
-            and isinstance(item.get("args"), dict)
-        ):
-            items.append(item)
-        elif line.strip():
-            log.warning("dropped an unreadable line of the Slack outbox")
-    return items
+def _failed_for_now(settings: Settings, client: Any, item: dict[str, Any]) -> bool:
+    """Send one kept message: True when it must wait on; a final refusal goes to the dead
+    letters (False: the next one may go)."""
+    try:
+        _send(client, item)
+    except Exception as exc:
+        why = refused_for_good(exc)
+        if why is None:
+            return True
+        outbox.bury(settings, item, why)
+    return False
+
+
+def waiting(settings: Settings) -> list[dict[str, Any]]:
+    """The messages waiting for Slack, oldest first (flows/slack_outbox.py)."""
+    return outbox.waiting(settings)
+
+
+def dead(settings: Settings) -> list[dict[str, Any]]:
+    """The messages Slack refused for good, newest first, with the reason."""
+    return outbox.dead(settings)
 
 
 class SlackThread:

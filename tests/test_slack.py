@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 from pydantic import SecretStr
 
-from flows.slack import SlackApp, deliver, flush_outbox, parse_command
+from flows.slack import SlackApp, deliver, flush_outbox, parse_command, waiting
 from runbooks.errors import InputError
 from runbooks.inventory import load_inventory
 from runbooks.settings import Settings
@@ -143,7 +143,7 @@ def test_parse_command(settings: Settings) -> None:
 
 
 def test_delivery_retries_rate_limits_and_keeps_what_fails(
-    settings: Settings, slack: FakeSlack
+    prefect_api: str, settings: Settings, slack: FakeSlack
 ) -> None:
     s = slack_settings(settings, slack)
     slack.fail("chat.postMessage", 429, times=1, retry_after=1)
@@ -152,12 +152,12 @@ def test_delivery_retries_rate_limits_and_keeps_what_fails(
 
     slack.fail("chat.postMessage", 503, times=10)  # an outage outlasting the retries
     assert deliver(s, "chat.postMessage", channel="C1", text="two") is None
-    assert (s.state_path / "slack-outbox.jsonl").exists()
+    assert [(w["args"]["text"], w["kept"]) for w in waiting(s)] == [("two", "prefect")]
     slack.failures.clear()  # Slack is back: the next delivery sends the kept one first
     deliver(s, "chat.postMessage", channel="C1", text="three")
     texts = [c["args"]["text"] for c in slack.of("chat.postMessage")]
     assert texts[-2:] == ["two", "three"]
-    assert flush_outbox(s) == 0
+    assert flush_outbox(s) == 0 and waiting(s) == []
     assert all(c["auth"] == f"Bearer {TOKEN}" for c in slack.calls)
 
 

@@ -6,6 +6,7 @@ is the local fake (tests/slackfake.py), its Socket Mode server tests/slacksocket
 
 from __future__ import annotations
 
+import hashlib
 import json
 import statistics
 import threading
@@ -19,7 +20,7 @@ from typing import Any
 import pytest
 from pydantic import SecretStr
 
-from flows.slack import SlackApp, SlackThread, dead_letters, deliver, flush_outbox
+from flows.slack import SlackApp, SlackThread, dead, deliver, flush_outbox, waiting
 from reports.slack import SECTION_MAX, approval_blocks, split_text
 from runbooks.inventory import Host, Inventory
 from runbooks.settings import Settings
@@ -63,6 +64,8 @@ def app_settings(fake: FakeSlack, tmp_path: Path, **over: Any) -> Settings:
         "slack_approver_groups": ("S0APPROVE",),
         "slack_timeout": 3,
         "state_dir": tmp_path / "state",
+        # the outbox and the dead letters are the fleet's, in the tests' Prefect: one per test
+        "fleet": "t-" + hashlib.sha256(str(tmp_path).encode()).hexdigest()[:12],
     }
     return Settings(**{**base, **over})
 
@@ -228,35 +231,42 @@ def test_a_socket_mode_retry_after_a_restart_starts_nothing(
     "error", ["channel_not_found", "not_in_channel", "is_archived", "msg_too_long", "invalid_auth"]
 )
 def test_a_message_refused_for_good_goes_to_the_dead_letters_and_blocks_nothing(
-    slack: FakeSlack, tmp_path: Path, error: str
+    prefect_api: str, slack: FakeSlack, tmp_path: Path, error: str
 ) -> None:
     s = app_settings(slack, tmp_path)
     slack.refused_channels["C0GONE"] = error
     assert deliver(s, "chat.postMessage", channel="C0GONE", text="refused") is None
     assert deliver(s, "chat.postMessage", channel="C1", text="next") is not None  # not held back
-    assert not (s.state_path / "slack-outbox.jsonl").exists()
-    dead = [json.loads(line) for line in dead_letters(s).read_text().splitlines()]
-    assert [(d["args"]["text"], d["reason"]) for d in dead] == [("refused", error)]
+    assert waiting(s) == []
+    letters = dead(s)
+    assert [(d["args"]["text"], d["reason"], d["kept"]) for d in letters] == [
+        ("refused", error, "prefect")
+    ]
 
     # kept during an outage, then refused for good: the messages behind it still go out
     slack.down = True
     for channel, text in (("C0GONE", "a"), ("C1", "b"), ("C1", "c")):
         assert deliver(s, "chat.postMessage", channel=channel, text=text) is None
+    assert [w["args"]["text"] for w in waiting(s)] == ["a", "b", "c"]
     slack.down = False
     assert flush_outbox(s) == 0
     assert [c["args"]["text"] for c in slack.delivered("chat.postMessage")] == ["next", "b", "c"]
-    assert len(dead_letters(s).read_text().splitlines()) == 2
+    assert [d["args"]["text"] for d in dead(s)] == ["a", "refused"]  # newest first
+    assert waiting(s) == []
+    assert not list(s.state_path.glob("*.jsonl"))  # Prefect answered: nothing kept locally
 
 
-def test_only_passing_failures_wait(slack: FakeSlack, tmp_path: Path) -> None:
+def test_only_passing_failures_wait(prefect_api: str, slack: FakeSlack, tmp_path: Path) -> None:
     s = app_settings(slack, tmp_path)
     slack.fail("chat.postMessage", 503, times=10)
     assert deliver(s, "chat.postMessage", channel="C1", text="kept") is None
-    assert (s.state_path / "slack-outbox.jsonl").exists() and not dead_letters(s).exists()
+    assert [(w["args"]["text"], w["kept"]) for w in waiting(s)] == [("kept", "prefect")]
+    assert dead(s) == []
     slack.failures.clear()
     slack.refuse("chat.postMessage", "ratelimited")  # Slack's own "later", said with HTTP 200
     assert flush_outbox(s) == 1
-    assert flush_outbox(s) == 0 and not dead_letters(s).exists()
+    assert flush_outbox(s) == 0 and dead(s) == [] and waiting(s) == []
+    assert [c["args"]["text"] for c in slack.delivered("chat.postMessage")] == ["kept"]
 
 
 # -- why, status ---------------------------------------------------------------------------------

@@ -6,6 +6,7 @@ the post-mortem lands in the reports directory regardless.
 
 from __future__ import annotations
 
+import os
 import random
 import time
 from pathlib import Path
@@ -13,7 +14,7 @@ from pathlib import Path
 import pytest
 from prefect import get_client
 
-from flows.slack import deliver, flush_outbox, keep_flushing
+from flows.slack import deliver, flush_outbox, keep_flushing, waiting
 from runbooks.settings import Settings
 from tests.lab.lab import LabState
 from tests.reliability.figures import record, size, zero
@@ -31,7 +32,7 @@ def slack() -> FakeSlack:
 
 
 def test_random_rate_limits_errors_and_timeouts_lose_nothing(
-    settings: Settings, slack: FakeSlack
+    prefect_api: str, settings: Settings, slack: FakeSlack
 ) -> None:
     s = slack_settings(settings, slack, slack_timeout=1)
     rng = random.Random(20261203)
@@ -66,6 +67,7 @@ def test_random_rate_limits_errors_and_timeouts_lose_nothing(
     zero(SUITE, "messages delivered twice", duplicated)
     zero(SUITE, "messages out of order", out_of_order)
     zero(SUITE, "messages still waiting once Slack answered", left)
+    assert waiting(s) == []
     record(SUITE, "seconds for all deliveries (retries, waits)", round(took, 1))
     assert (lost, duplicated, out_of_order, left) == (0, 0, 0, 0)
     assert all(c["auth"] == f"Bearer {TOKEN}" for c in slack.calls)
@@ -104,23 +106,30 @@ def test_an_outage_during_a_response_loses_nothing(
     assert state.is_completed(), state
     written = sorted(reports.glob("*.md"))
     assert len(written) == 1 and "driver-not-loaded" in written[0].read_text()
-    s = Settings(state_dir=tmp_path / "state", slack_bot_token=TOKEN, slack_api_url=slack.base_url)
-    outbox = s.state_path / "slack-outbox.jsonl"
-    kept = len(outbox.read_text().splitlines())
+    # the Slack app of another worker: its own STATE_DIR, the same fleet (the same Prefect)
+    s = Settings(
+        state_dir=tmp_path / "app-state",
+        fleet=os.environ["CUDAMEDIC_FLEET"],
+        slack_bot_token=TOKEN,
+        slack_api_url=slack.base_url,
+    )
+    kept = len(waiting(s))
+    assert not list((tmp_path / "state").glob("slack-*.jsonl"))  # none on the flow worker
     assert kept >= 3  # progress, the summary, the report file
     slack.down = False  # Slack is back: the app's flusher sends everything, in order, once
     stop = keep_flushing(s.model_copy(update={"slack_outbox_flush_s": 0.2}))
     try:
         deadline = time.monotonic() + 30
-        while outbox.exists() and time.monotonic() < deadline:
+        while waiting(s) and time.monotonic() < deadline:
             time.sleep(0.2)
     finally:
         stop.set()
+    left = len(waiting(s))
     posted = [c["args"]["text"] for c in slack.delivered("chat.postMessage")]
     uploaded = [u.decode() for u in slack.uploads.values()]
     report_delivered = any(written[0].read_text() == u for u in uploaded)
     record(SUITE, "Slack outage during a response: messages kept", kept)
-    zero(SUITE, "Slack outage: messages still waiting after it ended", int(outbox.exists()))
+    zero(SUITE, "Slack outage: messages still waiting after it ended", left)
     record(
         SUITE,
         "Slack outage: report written and then delivered",
@@ -128,7 +137,7 @@ def test_an_outage_during_a_response_loses_nothing(
         "True",
         report_delivered,
     )
-    assert not outbox.exists()
+    assert left == 0
     assert any(t.startswith("Post-mortem: driver-not-loaded on gpu-nodriver") for t in posted)
     assert report_delivered, uploaded
     assert len(posted) == len(set(posted))

@@ -15,6 +15,7 @@ injections evaluated (goal 0).
 from __future__ import annotations
 
 import ast
+import hashlib
 import io
 import json
 import math
@@ -1547,7 +1548,11 @@ def test_stored_state_readers_survive_corrupt_files(tmp_path: Path) -> None:
     from runbooks.sweep import read_state_file
 
     fuzz = Fuzz("stored state readers")
-    state_settings = Settings(state_dir=tmp_path, slack_bot_token="xoxb-x")  # type: ignore[arg-type]
+    state_settings = Settings(  # the local cache of the outbox; the fleet, this test's own
+        state_dir=tmp_path,
+        slack_bot_token="xoxb-x",  # type: ignore[arg-type]
+        fleet="t-" + hashlib.sha256(str(tmp_path).encode()).hexdigest()[:12],
+    )
     sent: list[Any] = []
 
     class Client:

@@ -17,6 +17,7 @@ import docker
 import pytest
 from docker.types import DeviceRequest
 
+from flows.slack_delivery import dead, waiting
 from runbooks.settings import Settings
 from tests.lab.lab import IMAGE, LabState
 from tests.reliability.figures import record, size, zero
@@ -176,7 +177,9 @@ def test_planted_secrets_reach_no_output(
             sinks[f"{name} ({where})"] = text
     sinks["bundles"] = _files(fix_settings.out_dir)
     sinks["reports"] = _files(fix_settings.reports_path)
-    sinks["journal, audit log, outbox"] = _files(fix_settings.state_path)
+    sinks["journal, audit log, local caches"] = _files(fix_settings.state_path)
+    kept = {"waiting": waiting(fix_settings), "dead": dead(fix_settings)}
+    sinks["Slack outbox and dead letters (Prefect)"] = json.dumps(kept)
     assert "shm-too-small" in sinks["reports"]
 
     total = 0
