@@ -233,3 +233,26 @@ def test_runbook_of_the_wrong_kind_or_missing(tmp_path: Path) -> None:
         load_runbook(path, "incident")
     with pytest.raises(InputError, match="cannot read runbook"):
         load_runbook(tmp_path / "absent.yaml", "sweep")
+
+
+def test_a_table_cut_short_by_a_dropped_connection_is_no_missing_gpu(tmp_path: Path) -> None:
+    """Seen in bench_sweep.py: the SSH connection dropped while the 8-GPU table streamed in, the
+    source failed (no exit status) and the table listed 7 GPUs; the sweep said drain. DERIVED:
+    the recorded H100 table cut after its 7th GPU, beside the recorded 8-GPU XML."""
+    table = (FIX / "nvidia-smi/h100-sxm-8gpu.txt").read_text()
+    cut = table[: table.index("|   7  NVIDIA H100")]
+    (tmp_path / "nvidia-smi.txt").write_text(cut)
+    (tmp_path / "nvidia-smi.xml").write_bytes(
+        (FIX / "nvidia-smi-xml/v100s-pcie-8gpu-busy-v11.xml").read_bytes()
+    )
+    with open_bundle(tmp_path) as b:
+        facts = gather(b)
+    assert facts.smi is not None and len(facts.smi.gpus) == 7
+    dropped = {"nvidia-smi": "failed", "nvidia-smi-xml": "ok"}
+    h = check_host("h1", facts, Thresholds(), expected_gpus=8, source_status=dropped)
+    assert "gpu-count-low" not in codes(h), codes(h)
+    # A whole table with 7 GPUs is evidence; so is the XML when the table is cut.
+    whole = check_host("h1", facts, Thresholds(), expected_gpus=8, source_status={})
+    assert "gpu-count-low" in codes(whole)
+    fewer = check_host("h1", facts, Thresholds(), expected_gpus=9, source_status=dropped)
+    assert "8 GPUs visible, the inventory expects 9" in fewer.findings[0].message

@@ -248,9 +248,17 @@ def teardown() -> None:
 
 
 # -- contenders ---------------------------------------------------------------------------------
+def machine_cpu() -> float:
+    """CPU seconds this machine has spent busy (every process: the tools and the hosts' sshd)."""
+    user, nice, system, _idle, _iowait, irq, softirq, steal = (
+        int(x) for x in Path("/proc/stat").read_text().split("\n")[0].split()[1:9]
+    )
+    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
+
+
 def measure(argv: list[str], env: dict[str, str], timeout: float = 1800) -> dict[str, float]:
     out_f, err_f = tempfile.TemporaryFile(), tempfile.TemporaryFile()  # noqa: SIM115 - pipes fill up
-    t0 = time.monotonic()
+    t0, busy0 = time.monotonic(), machine_cpu()
     proc = subprocess.Popen(argv, env=env, stdout=out_f, stderr=err_f)
     deadline = t0 + timeout
     while True:
@@ -262,7 +270,7 @@ def measure(argv: list[str], env: dict[str, str], timeout: float = 1800) -> dict
             pid, status, usage = os.wait4(proc.pid, 0)
             break
         time.sleep(0.05)
-    wall = time.monotonic() - t0
+    wall, busy = time.monotonic() - t0, machine_cpu() - busy0
     out_f.seek(0)
     err_f.seek(0)
     out = out_f.read().decode(errors="replace")
@@ -271,6 +279,7 @@ def measure(argv: list[str], env: dict[str, str], timeout: float = 1800) -> dict
         "wall": wall,
         "cpu": usage.ru_utime + usage.ru_stime,
         "rss": usage.ru_maxrss / 1024,
+        "machine_cpu": busy,
         "rc": os.waitstatus_to_exitcode(status),
         "out": out,
         "err": err,
@@ -284,7 +293,8 @@ from runbooks.inventory import load_inventory
 from runbooks.runbook import load_runbook
 from runbooks.settings import load_settings
 from runbooks.sweep import check_hosts
-s = load_settings(); book = load_runbook(None, "sweep"); inv = load_inventory(s.inventory)
+s = load_settings(); book = load_runbook(s.sweep_runbook, "sweep")
+inv = load_inventory(s.inventory)
 names = sys.argv[1:] or sorted(inv.hosts)
 res = check_hosts(names, inv, s, book, Path(s.out_dir) / "noprefect")
 print(json.dumps({r.health.host: [f.code for f in r.health.findings] for r in res}))
@@ -423,7 +433,7 @@ def pool_sweep(api: str, env: dict[str, str], work: Path, workers: int) -> dict[
 
         sampler = threading.Thread(target=sample, daemon=True)
         sampler.start()
-        t0 = time.monotonic()
+        t0, busy0 = time.monotonic(), machine_cpu()
         with use_api(api):
             run = run_deployment("fleet-health-check/fleet-sweep", timeout=0)
             with get_client(sync_client=True) as client:
@@ -434,7 +444,7 @@ def pool_sweep(api: str, env: dict[str, str], work: Path, workers: int) -> dict[
                     if time.monotonic() - t0 > 1800:
                         break
                     time.sleep(0.2)
-                wall = time.monotonic() - t0
+                wall, busy = time.monotonic() - t0, machine_cpu() - busy0
                 rows = _sweep_rows(client, run.id)
         done.set()
         sampler.join()
@@ -447,6 +457,7 @@ def pool_sweep(api: str, env: dict[str, str], work: Path, workers: int) -> dict[
         "cpu": sum(usage[w][0] - cpu0[w] for w in names),
         "rss": max(u[1] for u in usage.values()),
         "tree_rss": max(peak.values()),
+        "machine_cpu": busy,
         "rc": 0 if run.state is not None and run.state.is_completed() else 1,
         "out": json.dumps(rows),
         "err": "" if run.state is not None and run.state.is_completed() else log_tail,
@@ -676,9 +687,10 @@ def report(n: int, res: dict[str, dict[str, object]]) -> None:
     print(f"\n{n} hosts (slowest single host alone: {slowest:.1f} s)")
     print(
         "| tool | hosts answered | wall s | × slowest host | CPU s | CPU ms/host "
-        "| × parallel-ssh CPU | peak RSS MiB (largest process / whole worker) | exit |"
+        "| × parallel-ssh CPU | peak RSS MiB (largest process / whole worker) "
+        "| machine CPU s (all processes) | exit |"
     )
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for name, r in res.items():
         if name.startswith("_"):
             continue
@@ -687,7 +699,8 @@ def report(n: int, res: dict[str, dict[str, object]]) -> None:
             f"| {name} | {answered(name, str(r['out']))} | {f(name, 'wall'):.1f} | "
             f"{f(name, 'wall') / slowest:.2f} | {f(name, 'cpu'):.1f} | "
             f"{1000 * f(name, 'cpu') / n:.0f} | "
-            f"{f(name, 'cpu') / n / pssh_cpu:.2f} | {rss} | {r['rc']} |"
+            f"{f(name, 'cpu') / n / pssh_cpu:.2f} | {rss} | {f(name, 'machine_cpu'):.0f} | "
+            f"{r['rc']} |"
         )
         if r["rc"]:
             print(str(r["err"])[-1500:])
