@@ -683,10 +683,17 @@ def report(n: int, res: dict[str, dict[str, object]]) -> None:
         return float(res[name][key]) if name in res else float("nan")  # type: ignore[arg-type]
 
     slowest = f("_slowest_host", "wall")
-    pssh_cpu = f("parallel-ssh", "cpu") / n
+
+    def per_host(name: str) -> float:
+        """CPU seconds per host answered (a tool that gives up on hosts does less work)."""
+        if name not in res:
+            return float("nan")
+        return f(name, "cpu") / max(1, answered(name, str(res[name]["out"])))
+
+    pssh_cpu = per_host("parallel-ssh")
     print(f"\n{n} hosts (slowest single host alone: {slowest:.1f} s)")
     print(
-        "| tool | hosts answered | wall s | × slowest host | CPU s | CPU ms/host "
+        "| tool | hosts answered | wall s | × slowest host | CPU s | CPU ms/answered host "
         "| × parallel-ssh CPU | peak RSS MiB (largest process / whole worker) "
         "| machine CPU s (all processes) | exit |"
     )
@@ -698,15 +705,15 @@ def report(n: int, res: dict[str, dict[str, object]]) -> None:
         print(
             f"| {name} | {answered(name, str(r['out']))} | {f(name, 'wall'):.1f} | "
             f"{f(name, 'wall') / slowest:.2f} | {f(name, 'cpu'):.1f} | "
-            f"{1000 * f(name, 'cpu') / n:.0f} | "
-            f"{f(name, 'cpu') / n / pssh_cpu:.2f} | {rss} | {f(name, 'machine_cpu'):.0f} | "
+            f"{1000 * per_host(name):.0f} | "
+            f"{per_host(name) / pssh_cpu:.2f} | {rss} | {f(name, 'machine_cpu'):.0f} | "
             f"{r['rc']} |"
         )
         if r["rc"]:
             print(str(r["err"])[-1500:])
     goal = 1.3 * slowest + 5
     for name in [k for k in res if k.startswith("cudamedic")]:
-        wall, cpu = f(name, "wall"), f(name, "cpu") / n
+        wall, cpu = f(name, "wall"), per_host(name)
         rss = f(name, "tree_rss") if "tree_rss" in res[name] else f(name, "rss")
         print(
             f"goals, {name}: wall <= 1.3 x slowest + 5 s: {wall:.1f} <= {goal:.1f} "
