@@ -187,6 +187,27 @@ def test_changed_host_key_is_rejected(settings: Settings, lab: LabState, tmp_pat
     assert ssh.status == "error" and "CHANGED" in (ssh.error or "")
 
 
+def test_a_connection_that_drops_is_a_failed_command_not_a_crash(
+    settings: Settings, lab: LabState
+) -> None:
+    """Seen in bench_sweep.py on a saturated machine: the SSH connection of a host went away in
+    the middle of its collection, and every later command raised ("source ... crashed" with a
+    traceback). A command on a dropped connection is a failed command with the reason."""
+    from runbooks.remote.ssh import SshRunner
+
+    tgt = target(settings, "gpu-healthy")
+    assert tgt.host is not None
+    runner = SshRunner(tgt.host, settings)
+    try:
+        assert runner.run("echo hi", timeout=10, max_bytes=1024).stdout == b"hi\n"
+        runner.transport.close()  # the peer gone: what a dropped connection leaves behind
+        res = runner.run("echo hi", timeout=10, max_bytes=1024)
+        assert res.exit_code == 255 and not res.ok
+        assert b"SSH connection is closed" in res.stderr, res.stderr
+    finally:
+        runner.close()
+
+
 def test_unknown_host_key_rejected_unless_opted_in(
     settings: Settings, lab: LabState, tmp_path: Path
 ) -> None:
