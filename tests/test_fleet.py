@@ -203,7 +203,14 @@ def test_a_postgresql_restart_mid_run_loses_nothing(pool: Pool, fleet: Fleet) ->
     assert run.state.is_completed(), f"{run.state}\n{pool.worker_logs()}"
     assert run.end_time > stopped, (run.end_time, stopped)  # it was still running
     assert "driver-not-loaded" in artifacts(pool, response)["postmortem-gpu-nodriver"]
-    tasks = task_states(pool, response)
+    # Prefect 3 records task-run states from the client's events, asynchronously on the server:
+    # those sent around the outage may land late (seen in CI: classify still Running when the
+    # flow run had completed). Late is fine; a state that never lands is lost and fails.
+    deadline = time.monotonic() + 90
+    while set((tasks := task_states(pool, response)).values()) != {"Completed"}:
+        if time.monotonic() > deadline:
+            break
+        time.sleep(2)
     assert tasks and set(tasks.values()) == {"Completed"}, tasks
 
     hosts = ("gpu-healthy", "gpu-xid79")
