@@ -289,15 +289,16 @@ def work_pool(
             )
         yield pool
     finally:
-        stop_workers(pool)
+        stop_processes(list(pool.procs.values()))
 
 
-def stop_workers(pool: Pool) -> None:
-    """Stop the workers still running: SIGINT to each process group, SIGKILL after 20 s."""
-    for proc in pool.procs.values():
+def stop_processes(procs: list[subprocess.Popen[bytes]]) -> None:
+    """Stop the processes still running (workers, servers started with start_new_session):
+    SIGINT to each process group, SIGKILL after 20 s."""
+    for proc in procs:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGINT)
-    for proc in pool.procs.values():
+    for proc in procs:
         try:
             proc.wait(timeout=20)
         except subprocess.TimeoutExpired:

@@ -4,9 +4,7 @@ workers (a distributed sweep shared between them, an incident response run with
 
 from __future__ import annotations
 
-import os
 import re
-import signal
 import subprocess
 import sys
 import time
@@ -19,7 +17,7 @@ from uuid import UUID
 import pytest
 
 from runbooks.settings import Settings
-from tests.fleet import PREFECT, ROOT, flow_name, pause_schedules, taken
+from tests.fleet import PREFECT, ROOT, flow_name, pause_schedules, stop_processes, taken
 from tests.lab.lab import LabState
 from tests.test_fix import cli_env, fix_settings  # noqa: F401 - fixture
 from tests.test_flows import artifacts_of, flow_run_of, run_id_of, sweep_runbook
@@ -65,15 +63,7 @@ def background() -> Iterator[Any]:
         return proc
 
     yield start
-    for proc, _ in procs:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGINT)
-    for proc, _ in procs:
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+    stop_processes([proc for proc, _ in procs])
 
 
 def flow_run_id(out: str) -> str:
