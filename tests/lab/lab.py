@@ -16,6 +16,7 @@ the engines have no bridge network and any image pull goes to a dead loopback pr
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -150,7 +151,10 @@ def _start_engine(root: Path, name: str, gpu: bool) -> EngineInfo:
             for p in env.get("PATH", "/usr/sbin:/usr/bin:/sbin:/bin").split(":")
             if not (Path(p) / "nvidia-container-runtime-hook").exists()
         )
-    exec_root = Path(f"/run/cudamedic-lab-{name}")  # short: containerd socket paths are limited
+    # Short (containerd's socket paths are limited) and one per lab directory, so two labs
+    # (CUDAMEDIC_LAB_DIR) can run side by side on one machine.
+    tag = hashlib.sha256(str(root).encode()).hexdigest()[:6]
+    exec_root = Path(f"/run/cml-{tag}-{name}")
     log = open(base / "dockerd.log", "ab")  # noqa: SIM115 - handed to the daemon
     proc = subprocess.Popen(
         [
