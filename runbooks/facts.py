@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from datetime import UTC, datetime
-from typing import Literal
+from typing import Literal, NamedTuple
 
 from pydantic import BaseModel, ConfigDict
 
@@ -157,46 +157,81 @@ def _parse_time(value: str) -> datetime | None:
     return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
 
 
-def origin_of(source: str) -> Origin:
-    if source.startswith("containers/") and ".exec-" in source:
-        return "probe"
-    if source.startswith("containers/"):
-        return "container"
-    if source == "dmesg.txt":
-        return "kernel"
-    if source == "trigger.txt":
-        return "trigger"
-    return "host"
-
-
 SALIENT_TAIL_BYTES = 1 << 20  # similar-incident search reads at most the newest 1 MiB of a log
 
-# Probe outputs that list settings (limits, env, sizes) are facts, not logs: never scanned.
-_NOT_LOGS = (
-    ".exec-ulimit.txt",
-    ".exec-env.txt",
-    ".exec-shm.txt",
-    ".exec-cuda-cache.txt",
-    "ulimit-a.txt",
-    "ulimit.txt",
+
+class Reader(NamedTuple):
+    """How a bundle file is read: which signatures scan it (None: it holds facts, parsed by its
+    own parser, never scanned), and where its lines come from."""
+
+    scan: Where | None
+    origin: Origin
+
+
+# What produced a file decides how it is read, and a file's path in the bundle layout
+# (docs/spec/evidence-bundle.md) names what produced it: the same file is read the same way
+# whether cudamedic's collector wrote it or a person put it in a bundle by hand. First match wins;
+# `*` stands for any run of characters.
+#
+# cudamedic's own host commands (the built-in runbooks' host sources: a test keeps this list and
+# runbooks/*.yaml in step) are inventories of the host, read only for nvidia-smi-like messages;
+# any other command output (a runbook's own source, a person's kubectl or journalctl) is read for
+# every signature ("command"). Probe outputs that list settings (limits, env, sizes) are facts.
+READERS: tuple[tuple[str, Reader], ...] = (
+    ("bundle.json", Reader(None, "host")),
+    ("trigger.txt", Reader("log", "trigger")),
+    ("nvidia-smi.txt", Reader("smi", "host")),
+    ("dmesg.txt", Reader("kernel", "kernel")),
+    ("nccl-tests.txt", Reader("command", "host")),
+    ("containers/*.json", Reader(None, "container")),  # inspect, what the image tag names now
+    ("containers/*.exec-ulimit.txt", Reader(None, "probe")),
+    ("containers/*.exec-env.txt", Reader(None, "probe")),
+    ("containers/*.exec-shm.txt", Reader(None, "probe")),
+    ("containers/*.exec-cuda-cache.txt", Reader(None, "probe")),
+    ("containers/*.exec-nvidia-smi.txt", Reader("command", "probe")),
+    ("containers/*.exec-nvidia-smi-L.txt", Reader("command", "probe")),
+    ("containers/*.exec-*", Reader("log", "probe")),  # the torch probe, a runbook's own probes
+    ("containers/*", Reader("log", "container")),  # the workload's own log
+    ("*.json", Reader(None, "host")),
+    ("*.xml", Reader(None, "host")),  # nvidia-smi -q -x: parsed as XML facts
+    ("commands/nvidia-smi-L.txt", Reader("smi", "host")),
+    ("commands/nvidia-smi-topo.txt", Reader("smi", "host")),
+    ("commands/uptime.txt", Reader("smi", "host")),
+    ("commands/df.txt", Reader("smi", "host")),
+    ("commands/uname.txt", Reader("smi", "host")),
+    ("commands/lsmod-nvidia.txt", Reader("smi", "host")),
+    ("commands/container-toolkit.txt", Reader("smi", "host")),
+    ("*ulimit-a.txt", Reader(None, "host")),  # a person's `ulimit -a`: facts (host_ulimits)
+    ("*ulimit.txt", Reader(None, "host")),
+    ("commands/*", Reader("command", "host")),
+    ("*", Reader("log", "host")),
 )
-_SMI_PROBES = (".exec-nvidia-smi.txt", "-smi-L.txt")  # nvidia-smi run inside a container
 
 
-def _scan_kind(rel: str, collected: frozenset[str] = frozenset()) -> Where | None:
-    """Which signatures read this file. Output of cudamedic's own host commands (named in
-    bundle.json) is read as nvidia-smi-like output only; any other command output a person
-    added (kubectl, journalctl, a pasted `docker run`) and in-container nvidia-smi is read for
-    every signature ("command")."""
-    if rel in ("bundle.json",) or rel.endswith((".json", ".xml", *_NOT_LOGS)):
-        return None
-    if rel == "dmesg.txt":
-        return "kernel"
-    if rel == "nvidia-smi.txt" or rel in collected:
-        return "smi"
-    if rel.startswith("commands/") or rel == "nccl-tests.txt" or rel.endswith(_SMI_PROBES):
-        return "command"
-    return "log"
+def _matches(pattern: str, rel: str) -> bool:
+    """Glob match with `*` only, in one left-to-right pass (no backtracking: a hostile file name
+    costs linear time)."""
+    head, *middle, tail = pattern.split("*") if "*" in pattern else (pattern, pattern)
+    if "*" not in pattern:
+        return rel == pattern
+    if len(rel) < len(head) + len(tail) or not rel.startswith(head) or not rel.endswith(tail):
+        return False
+    at, end = len(head), len(rel) - len(tail)
+    for part in middle:
+        found = rel.find(part, at, end)
+        if found < 0:
+            return False
+        at = found + len(part)
+    return True
+
+
+def reader_of(rel: str) -> Reader:
+    """How the bundle file `rel` is read (READERS)."""
+    return next(reader for pattern, reader in READERS if _matches(pattern, rel))
+
+
+def origin_of(source: str) -> Origin:
+    return reader_of(source).origin
 
 
 def gather(bundle: Bundle) -> Facts:
@@ -276,10 +311,8 @@ def _read_host_files(facts: Facts, bundle: Bundle) -> None:
 def _read_texts(facts: Facts, bundle: Bundle) -> None:
     """Every log-like file: signature scans, exceptions, version printouts, salient and
     error-looking lines, each container's log tail."""
-    meta = bundle.meta
-    collected = frozenset(s.path for s in meta.sources if s.path) if meta else frozenset()
     for rel in bundle.names():
-        kind = _scan_kind(rel, collected)
+        kind = reader_of(rel).scan
         if kind is None:
             continue
         with bundle.open(rel) as stream:

@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable
 from datetime import datetime
 
 from runbooks import knowledge
-from runbooks.evidence.dmesg import KernelLogFacts
+from runbooks.evidence.dmesg import KernelLogFacts, OomKill
 from runbooks.evidence.nvidia_smi import XmlGpu
 from runbooks.facts import ContainerFacts, Facts, Origin, origin_of
 from runbooks.judgments import (
@@ -444,7 +444,20 @@ def driver_too_old(facts: Facts) -> Match | None:
 @rule(Incident.CONTAINER_TOOLKIT_MISSING)
 def container_toolkit_missing(facts: Facts) -> Match | None:
     match = sig_match(facts, Incident.CONTAINER_TOOLKIT_MISSING)
+    toolkit_line = Line(
+        source="commands/container-toolkit.txt",
+        line=1,
+        text=facts.toolkit or "nvidia-ctk / nvidia-container-cli: not found",
+    )
     if match is not None:
+        if facts.toolkit_missing:  # the host's own answer confirms what the workload said
+            return _boost(
+                match,
+                Incident.CONTAINER_TOOLKIT_MISSING,
+                0.8,
+                [toolkit_line],
+                "the host has no NVIDIA Container Toolkit either",
+            )
         return match
     if facts.toolkit_missing and host_has_gpus(facts):
         gpu_wanting = [
@@ -456,13 +469,7 @@ def container_toolkit_missing(facts: Facts) -> Match | None:
             return Match(
                 incident=Incident.CONTAINER_TOOLKIT_MISSING,
                 confidence=0.8,
-                evidence=(
-                    Line(
-                        source="commands/container-toolkit.txt",
-                        line=1,
-                        text=facts.toolkit or "nvidia-ctk / nvidia-container-cli: not found",
-                    ),
-                ),
+                evidence=(toolkit_line,),
                 reason="no NVIDIA Container Toolkit on a GPU host whose GPU container has no GPUs",
                 rule="facts",
             )
@@ -471,7 +478,16 @@ def container_toolkit_missing(facts: Facts) -> Match | None:
 
 @rule(Incident.HOST_OOM_KILLED)
 def host_oom_killed(facts: Facts) -> Match | None:
-    match = sig_match(facts, Incident.HOST_OOM_KILLED)
+    ours = {c.inspect.id for c in facts.containers.values() if c.inspect and c.inspect.id}
+    kernel = facts.kernel.oom_kills if facts.kernel is not None else ()
+    if kernel and all(_another_containers(k, ours) for k in kernel):
+        # Every kill in the kernel log was another container's: its OOM lines are not evidence
+        # for this one (read the class from everything but the kernel log).
+        match = sig_match(
+            facts, Incident.HOST_OOM_KILLED, ("host", "container", "trigger", "probe")
+        )
+    else:
+        match = sig_match(facts, Incident.HOST_OOM_KILLED)
     for c in facts.containers.values():
         if c.inspect is not None and c.inspect.oom_killed:
             return _boost(
@@ -481,8 +497,12 @@ def host_oom_killed(facts: Facts) -> Match | None:
                 [inspect_line(c, "OOMKilled", '"OOMKilled": true')],
                 f"Docker reports container {c.name} OOMKilled (exit {c.inspect.exit_code})",
             )
-    if facts.kernel is not None and facts.kernel.oom_kills:
-        kills = [k for k in facts.kernel.oom_kills if recent(facts, k.timestamp, k.uptime_s)]
+    if kernel:
+        kills = [
+            k
+            for k in kernel
+            if recent(facts, k.timestamp, k.uptime_s) and not _another_containers(k, ours)
+        ]
         if kills:
             return _boost(
                 match,
@@ -492,6 +512,16 @@ def host_oom_killed(facts: Facts) -> Match | None:
                 f"the kernel OOM killer killed {kills[-1].process_name or 'a process'}",
             )
     return match
+
+
+_CONTAINER_ID = re.compile(r"[0-9a-f]{64}")  # in a memcg path: /docker/<id>, docker-<id>.scope
+
+
+def _another_containers(kill: OomKill, ours: set[str]) -> bool:
+    """Did the OOM killer kill a process of a container other than the ones collected? (On a
+    shared host another job's OOM kill says nothing of this one's failure.)"""
+    found = _CONTAINER_ID.search(kill.task_memcg or "") if ours else None
+    return found is not None and found.group(0) not in ours
 
 
 @rule(Incident.CPU_ONLY_BUILD)
@@ -732,13 +762,18 @@ def shm_too_small(facts: Facts) -> Match | None:
         lines = [shm_line(c)]
         if match is None:
             lines.extend(nospace)
+            # Docker's default /dev/shm is small in most containers, so a bare "No space left"
+            # beside it says no more than "a disk or /dev/shm": shm only where the message
+            # itself points at it (a checkpoint or a cache is written to a disk).
+            named = any(_names_shm(ln) for ln in nospace)
             return _boost(
                 None,
                 Incident.SHM_TOO_SMALL,
-                0.8,
+                0.8 if named else 0.5,
                 lines,
                 f"'No space left on device' in a container whose /dev/shm is only "
-                f"{shm_size(c) // 2**20} MiB",
+                f"{shm_size(c) // 2**20} MiB"
+                + ("" if named else " (a disk, or /dev/shm: `df -h /dev/shm` in it tells)"),
             )
         return _boost(
             match,
@@ -783,6 +818,12 @@ def _disk_really_full(facts: Facts) -> list[Line]:
     ]
 
 
+def _names_shm(line: Line) -> bool:
+    """Does a "No space left" line name shared memory (/dev/shm, shm, shared memory)?"""
+    text = line.text.lower()
+    return "shm" in text or "shared memory" in text
+
+
 @rule(Incident.DISK_FULL)
 def disk_full(facts: Facts) -> Match | None:
     shm_lines = {(ln.source, ln.line) for ln in hits(facts, class_sigs(Incident.SHM_TOO_SMALL))}
@@ -797,7 +838,8 @@ def disk_full(facts: Facts) -> Match | None:
         )
     if not lines:
         return None
-    if any(shm_small(c, facts.thresholds) for c in facts.containers.values()):
+    small = any(shm_small(c, facts.thresholds) for c in facts.containers.values())
+    if small and any(_names_shm(ln) for ln in lines):
         return Match(
             incident=Incident.DISK_FULL,
             confidence=0.6,

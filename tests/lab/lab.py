@@ -129,7 +129,7 @@ def _run(
 
 
 # -- Docker engines ----------------------------------------------------------------------------
-def _start_engine(root: Path, name: str, gpu: bool) -> EngineInfo:
+def _start_engine(root: Path, name: str, gpu: bool, extra: tuple[str, ...] = ()) -> EngineInfo:
     base = root / "engines" / name
     (base / "bin").mkdir(parents=True, exist_ok=True)
     sock = base / "docker.sock"
@@ -167,6 +167,7 @@ def _start_engine(root: Path, name: str, gpu: bool) -> EngineInfo:
             f"--exec-root={exec_root}",
             f"--pidfile={base / 'dockerd.pid'}",
             "--storage-driver=overlay2",
+            *extra,
         ],
         stdout=log,
         stderr=log,
