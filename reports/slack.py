@@ -164,14 +164,15 @@ def similar_text(similar: tuple[SimilarIncident, ...] | list[SimilarIncident]) -
     """Each similar incident on a line: its class, where it is from, what it concluded."""
     lines = []
     for s in similar:
+        label = f"a different cause, `{s.incident}`" if s.same_cause is False else f"`{s.incident}`"
         if s.kind == "team":
             fixed = f", fixed by `{_escape(s.fix)}`" if s.fix else ""
             lines.append(
-                f"• `{s.incident}` — this happened on {_escape(s.host or '?')} on "
+                f"• {label} — this happened on {_escape(s.host or '?')} on "
                 f"{_escape(s.when or '?')}{fixed}"
             )
         else:
-            lines.append(f"• `{s.incident}` — {_escape(s.source)}: {_escape(s.conclusion[:200])}")
+            lines.append(f"• {label} — {_escape(s.source)}: {_escape(s.conclusion[:200])}")
     return "\n".join(lines)
 
 

@@ -53,19 +53,45 @@ def diagnose(
     exclusive compute mode; a proposal from similar incidents; a guess from the words used;
     `unknown`."""
     matches = sorted(run_rules(facts), key=rank, reverse=True)
-    neighbours = index.query(evidence_text(facts), k=3, exclude=exclude) if index else []
+    found = index.query(evidence_text(facts), k=SIMILAR_POOL, exclude=exclude) if index else []
+    neighbours = found[:SIMILAR_CITED]
     common = _common_fields(facts, host, neighbours)
     thin = is_thin(facts)
     if matches:
-        return _from_rules(matches, facts, thin, common)
-    errors = error_lines(facts)
-    return (
-        _healthy(facts, errors, common)
-        or _exclusive_mode(facts, common)
-        or _from_similar(facts, neighbours, errors, common)
-        or _from_words(facts, thin, errors, common)
-        or _unknown(facts, errors, common)
-    )
+        diagnosis = _from_rules(matches, facts, thin, common)
+    else:
+        errors = error_lines(facts)
+        diagnosis = (
+            _healthy(facts, errors, common)
+            or _exclusive_mode(facts, common)
+            or _from_similar(facts, neighbours, errors, common)
+            or _from_words(facts, thin, errors, common)
+            or _unknown(facts, errors, common)
+        )
+    return diagnosis.model_copy(update={"similar": cite_for(diagnosis.incident, found)})
+
+
+SIMILAR_CITED = 3  # incidents cited with a diagnosis
+SIMILAR_POOL = 12  # the closest incidents searched for same-cause ones
+
+
+def cite_for(
+    incident: str, found: list[tuple[KnownIncident, float]]
+) -> tuple[SimilarIncident, ...]:
+    """The incidents cited with a diagnosis of `incident`: the closest of the same cause first;
+    after them, from the three closest overall, those of another cause, marked as such (a
+    DataLoader's bus error is not cited beside an Xid 79 thread as if it were one), the closest
+    of all keeping a place when it is one of them. With no class to compare (`unknown`), the
+    three closest as they come."""
+    if incident == Incident.UNKNOWN:
+        return cite(found[:SIMILAR_CITED])
+    same = [n for n in found if n[0].incident == incident]
+    other = [n for n in found[:SIMILAR_CITED] if n[0].incident != incident]
+    # The closest of all, when its cause is another, keeps the last place (marked).
+    keep = 1 if other and other[0] is found[0] else 0
+    picked = [*same[: SIMILAR_CITED - keep], *other][:SIMILAR_CITED]
+    cited = cite(picked)
+    return tuple(s.model_copy(update={"same_cause": s.incident == incident}) for s in cited)
 
 
 def _common_fields(
@@ -500,12 +526,14 @@ def render_text(d: Diagnosis) -> str:
 
 
 def similar_line(s: SimilarIncident) -> str:
-    """One cited incident: "[shm-too-small] thread URL — what it concluded"."""
+    """One cited incident: "[shm-too-small] thread URL — what it concluded"; one of another
+    cause than the diagnosis is marked "[different cause: gpu-hardware-fault]"."""
+    label = f"different cause: {s.incident}" if s.same_cause is False else s.incident
     if s.kind == "team":
         where = f"on {s.host or '?'} on {s.when or '?'}"
         fixed = f", fixed by `{s.fix}`" if s.fix else ""
-        return safe(f"[{s.incident}] this happened {where}{fixed} (report {s.source})")
-    return safe(f"[{s.incident}] {s.source} - {s.conclusion[:220]}")
+        return safe(f"[{label}] this happened {where}{fixed} (report {s.source})")
+    return safe(f"[{label}] {s.source} - {s.conclusion[:220]}")
 
 
 def render_explain(d: Diagnosis) -> str:

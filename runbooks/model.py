@@ -98,6 +98,7 @@ class SimilarIncident(Frozen):
     when: str | None = None
     host: str | None = None
     fix: str | None = None
+    same_cause: bool | None = None  # its cause is the diagnosis' class (None: not compared)
 
 
 # How the diagnosis was reached: rules over the evidence, a guess from thin evidence (a pasted

@@ -121,7 +121,7 @@ def test_xid63_alone_is_not_a_fault() -> None:
 
 
 def test_shm_fix_is_exact_docker_run_change() -> None:
-    d = classify_path(CORPUS / "shm-too-small--megatron-errno28-no-space-left")
+    d = classify_path(CORPUS / "shm-too-small--video-diffusion-nccl-shm-segment")
     assert d.incident == "shm-too-small"
     assert d.fix is not None and d.fix.safe
     assert d.fix.docker_run == ("+ --shm-size=8g",)
@@ -157,7 +157,9 @@ def test_predicted_driver_too_old_before_any_crash(tmp_path: Path) -> None:
 
 # -- CLI ---------------------------------------------------------------------------------------
 def test_cli_classify_json_keys_and_exit_code() -> None:
-    proc = cli("classify", str(CORPUS / "shm-too-small--megatron-errno28-no-space-left"), "--json")
+    proc = cli(
+        "classify", str(CORPUS / "shm-too-small--video-diffusion-nccl-shm-segment"), "--json"
+    )
     assert proc.returncode == 0, proc.stderr
     data = json.loads(proc.stdout)
     assert {"incident", "confidence", "summary", "evidence", "secondary", "fix"} <= set(data)

@@ -259,8 +259,11 @@ def test_classify_reads_a_pasted_error_from_stdin(tmp_path: Path) -> None:
     assert out["similar"] and out["next_checks"]
 
 
+SHM_CASE = "shm-too-small--dataloader-unable-to-write-buried-in-training-log"
+
+
 def test_every_diagnosis_cites_similar_known_incidents_with_their_threads() -> None:
-    case = CORPUS / "shm-too-small--megatron-errno28-no-space-left"
+    case = CORPUS / SHM_CASE
     d = classify_path(case, exclude={case.name})
     assert 1 <= len(d.similar) <= 3
     assert all(s.source.startswith("https://") and s.conclusion for s in d.similar)
@@ -269,12 +272,27 @@ def test_every_diagnosis_cites_similar_known_incidents_with_their_threads() -> N
     assert "similar known incidents:" in text and d.similar[0].source in text
 
 
+def test_incidents_of_another_cause_come_after_same_cause_ones_and_are_marked() -> None:
+    """The closest threads of a 1080 Ti whose PyTorch needs compute capability 7.0 are a
+    hardware fault and an ordinal: cited after the same-cause ones, and marked."""
+    case = CORPUS / "arch-unsupported--comfyui-nvidia-docker-1080ti-sm61-torch-min-cc70"
+    d = classify_path(case, exclude={case.name})
+    assert d.incident == "arch-unsupported"
+    order = [s.same_cause for s in d.similar]
+    assert order[0] is True
+    assert order == sorted(order, reverse=True)  # every same-cause one before any other
+    other = [s for s in d.similar if s.incident != d.incident]
+    assert other and all(s.same_cause is False for s in other)
+    assert f"[different cause: {other[0].incident}]" in render_text(d)
+    assert to_json(d)["similar"][-1]["same_cause"] is False
+
+
 def test_confirmed_team_incidents_are_cited_beside_the_public_threads(tmp_path: Path) -> None:
     from datetime import UTC, datetime
 
     from runbooks.similar import index_for, public_incidents
 
-    case = CORPUS / "shm-too-small--megatron-errno28-no-space-left"
+    case = CORPUS / SHM_CASE
     text = next(c.text for c in public_incidents() if c.id == case.name)
     report = tmp_path / "reports" / "20261102T101500Z-node07-train-shm-too-small.md"
     history.record_report(
