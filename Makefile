@@ -2,7 +2,7 @@
 SHELL := /bin/bash
 VENV := .venv/bin
 
-.PHONY: demo test reliability lint lab-up lab-down bootstrap
+.PHONY: demo test reliability replay lint lab-up lab-down bootstrap
 
 bootstrap:
 	@scripts/bootstrap.sh
@@ -18,6 +18,12 @@ test: bootstrap
 # figure is printed at the end (`make test` runs them at the small size CI uses).
 reliability: bootstrap
 	CUDAMEDIC_RELIABILITY=full $(VENV)/pytest -q -p no:cacheprovider tests/reliability
+
+# Every corpus case replayed live on the replay lab (tests/lab/replay.py): collect + classify and
+# `cudamedic triage`, each verdict against the offline one (docs/accuracy.md, "live"); `make test`
+# replays a stratified sample. About 45 minutes on 2 cores.
+replay: bootstrap
+	$(VENV)/python scripts/replay.py --triage --tsv out/replay.tsv
 
 lint: bootstrap
 	$(VENV)/ruff check .

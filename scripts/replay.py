@@ -218,6 +218,7 @@ def main(argv: list[str]) -> int:
             f"{'yes' if o.agrees else 'no'}\t{o.triage or '-'}\t{o.seconds:.1f}"
             for o in outcomes
         ]
+        args.tsv.parent.mkdir(parents=True, exist_ok=True)
         args.tsv.write_text("\n".join(rows) + "\n")
     return 0
 
