@@ -20,6 +20,7 @@ import argparse
 import hashlib
 import json
 import os
+import socket
 import subprocess
 import sys
 import tempfile
@@ -149,8 +150,10 @@ def _triage(
     )
     try:
         result = json.loads(proc.stdout)
-    except ValueError as exc:
-        raise RuntimeError(f"triage of {plan.case}: {proc.stderr[-2000:]}") from exc
+    except ValueError:
+        result = {}
+    if "bundle" not in result:
+        raise RuntimeError(f"triage of {plan.case} ({proc.returncode}): {proc.stderr[-2000:]}")
     return str(result.get("incident")), classify_path(Path(result["bundle"])).incident
 
 
@@ -195,7 +198,11 @@ def main(argv: list[str]) -> int:
     os.environ["CUDAMEDIC_CONFIG"] = lab.config  # the replay lab's hosts, never a user's
     outcomes: list[Outcome] = []
     with tempfile.TemporaryDirectory(prefix="cudamedic-replay-") as tmp:
-        env = {**os.environ, "CUDAMEDIC_STATE_DIR": str(Path(tmp, "state"))}
+        env = {
+            **os.environ,
+            "CUDAMEDIC_STATE_DIR": str(Path(tmp, "state")),
+            "CUDAMEDIC_PREFECT_PORT": str(_free_port()),  # an embedded server of its own
+        }
         try:
             for case in cases:
                 outcome = replay_case(lab, case, Path(tmp), env if args.triage else None)
@@ -221,6 +228,12 @@ def main(argv: list[str]) -> int:
         args.tsv.parent.mkdir(parents=True, exist_ok=True)
         args.tsv.write_text("\n".join(rows) + "\n")
     return 0
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 def _say(outcome: Outcome) -> None:
