@@ -15,7 +15,7 @@ from functools import cache
 
 import jinja2
 
-from runbooks.model import Frozen, Line, SimilarIncident
+from runbooks.model import Candidate, Frozen, Line, SimilarIncident
 
 
 class TimelineEvent(Frozen):
@@ -53,6 +53,8 @@ class PostMortem(Frozen):
     bundle: str | None = None
     similar: tuple[SimilarIncident, ...] = ()  # known incidents that resemble this one
     basis: str = "evidence"  # how the class was reached (model.Basis)
+    candidates: tuple[Candidate, ...] = ()  # an `unknown` between two causes
+    tells_apart: str = ""  # the one check that tells the candidates apart
     failure_cause: str | None = None  # the class a failed fix's own error points at
     triggered_by: str | None = None  # the person (user@host) who started the response, if any
     down_since: datetime | None = None  # the container's FinishedAt: when the workload stopped

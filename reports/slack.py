@@ -190,14 +190,31 @@ def sweep_blocks(s: SweepSummary) -> list[dict[str, Any]]:
     return [*_sections(head), *_sections(_escape("\n".join(lines)) or "nothing changed")]
 
 
+WHY_BASIS = {  # how a class was reached, as the `why` headline says it (model.Basis)
+    "thin-evidence": ", a guess from pasted text",
+    "similar-incidents": ", a proposal from similar incidents",
+    "keywords": ", a guess from the words used",
+    "model": ", named by the learned model",
+}
+
+
 def why_messages(d: Diagnosis) -> list[list[dict[str, Any]]]:
     """`/cudamedic why`: the diagnosis of a pasted error, its confidence, what to check next, the
     fix as advice and the similar known incidents, as one or more messages."""
-    out = [f"*{_escape(d.incident)}* (confidence {d.confidence:.2f}) — {_escape(d.summary)}"]
+    how = WHY_BASIS.get(d.basis, "") if not d.candidates else ", not decided"
+    out = [f"*{_escape(d.incident)}* (confidence {d.confidence:.2f}{how}) — {_escape(d.summary)}"]
+    if d.candidates:
+        out.append("*Candidates*")
+        out += [
+            f"• {_escape(c.incident)} ({_escape(c.why)}"
+            + (f", probability {c.probability:.2f})" if c.probability is not None else ")")
+            for c in d.candidates
+        ]
+        out += ["*The check that tells them apart*", f"• {_escape(d.tells_apart)}"]
     if d.evidence:
         out.append("*Evidence*")
         out += [f"• {_escape(ln.text.strip()[:300])}" for ln in d.evidence[:6]]
-    if d.next_checks:
+    if d.next_checks and not d.candidates:  # with candidates: the check that tells them apart
         out.append("*Check next*")
         out += [f"• {_escape(c)}" for c in d.next_checks]
     if d.fix is not None:

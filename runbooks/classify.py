@@ -11,13 +11,15 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Literal
 
 from runbooks import knowledge
 from runbooks.facts import Facts, origin_of
 from runbooks.fixes import propose_fix
 from runbooks.judgments import memlock_low, shm_small
+from runbooks.learned import Model, packaged_model
 from runbooks.logscan import signatures
-from runbooks.model import Diagnosis, Finding, Line, Match, SimilarIncident
+from runbooks.model import Candidate, Diagnosis, Finding, Line, Match, SimilarIncident
 from runbooks.names import terminal_safe as safe
 from runbooks.rules import (
     PRIORITY,
@@ -44,31 +46,178 @@ def diagnose(
     *,
     index: SimilarIndex | None = None,
     exclude: Iterable[str] = (),
+    model: Model | Literal["packaged"] | None = "packaged",
 ) -> Diagnosis:
     """The diagnosis of one incident's facts. `index` (similar known incidents) adds citations
     and, when no rule fires, a proposal; `exclude` leaves named incidents out of it (a corpus
-    case is not its own neighbour).
+    case is not its own neighbour). `model` is the learned component (runbooks/learned.py; the
+    packaged one unless given; None: rules alone).
 
-    The first that applies: the strongest rule that matched; `healthy`; a GPU held in an
-    exclusive compute mode; a proposal from similar incidents; a guess from the words used;
-    `unknown`."""
+    The first that applies: the strongest rule that matched, unless the learned model is sure of
+    another class the evidence also fits (see :func:`_disputed`); `healthy`; a GPU held in an
+    exclusive compute mode; the learned model's class when it is sure of it; the similar
+    incidents' proposal or the words used, when they name one of the two classes the model ranks
+    first; `unknown`, with the two leading candidates and the check that tells them apart."""
     matches = sorted(run_rules(facts), key=rank, reverse=True)
-    found = index.query(evidence_text(facts), k=SIMILAR_POOL, exclude=exclude) if index else []
+    text = evidence_text(facts)
+    found = index.query(text, k=SIMILAR_POOL, exclude=exclude) if index else []
     neighbours = found[:SIMILAR_CITED]
     common = _common_fields(facts, host, neighbours)
     thin = is_thin(facts)
+    # The model reads the incident's own text (with the fact words beside it), never the fact
+    # words alone: a container that asked for no GPU is normal until something says otherwise.
+    opinion = Opinion(
+        packaged_model() if model == "packaged" else model, text if facts.salient else ""
+    )
     if matches:
-        diagnosis = _from_rules(matches, facts, thin, common)
+        diagnosis = _disputed(matches, opinion, facts, common) or _from_rules(
+            matches, facts, thin, common
+        )
     else:
         errors = error_lines(facts)
+        healthy = _healthy(facts, errors, common)
         diagnosis = (
-            _healthy(facts, errors, common)
+            (healthy and (_disputed_healthy(healthy, opinion, common) or healthy))
             or _exclusive_mode(facts, common)
-            or _from_similar(facts, neighbours, errors, common)
-            or _from_words(facts, thin, errors, common)
-            or _unknown(facts, errors, common)
+            or _from_model(facts, opinion, errors, common)
+            or _from_similar(facts, neighbours, opinion, errors, common)
+            or _from_words(facts, thin, opinion, errors, common)
+            or _unknown(facts, errors, common, opinion, _hint(facts, neighbours, thin))
         )
-    return diagnosis.model_copy(update={"similar": cite_for(diagnosis.incident, found)})
+    view = tuple((c, round(p, 3)) for c, p in opinion.ranked[:MODEL_VIEW])
+    return diagnosis.model_copy(
+        update={"similar": cite_for(diagnosis.incident, found), "model_view": view}
+    )
+
+
+MODEL_VIEW = 3  # the model's leading classes every diagnosis reports
+
+
+class Opinion:
+    """The learned model's view of one evidence text, scored once."""
+
+    def __init__(self, model: Model | None, text: str) -> None:
+        self.model = model
+        self.text = text
+        self._ranked: list[tuple[str, float]] | None = None
+
+    @property
+    def ranked(self) -> list[tuple[str, float]]:
+        """Classes by calibrated probability (empty without a model or without text)."""
+        if self._ranked is None:
+            self._ranked = self.model.rank(self.text) if self.model is not None else []
+        return self._ranked
+
+    def p(self, incident: str) -> float | None:
+        return dict(self.ranked).get(incident) if self.ranked else None
+
+    def sure_of(self) -> tuple[str, float] | None:
+        """The class the model is sure of (probability >= its threshold), never `unknown`."""
+        if self.model is None or not self.ranked:
+            return None
+        top, p = self.ranked[0]
+        return (top, p) if top != Incident.UNKNOWN and p >= self.model.threshold else None
+
+    def leading(self) -> list[tuple[str, float]]:
+        """The causes it ranks first (its `unknown` is no cause)."""
+        return [(c, p) for c, p in self.ranked if c != Incident.UNKNOWN]
+
+
+def _disputed(
+    matches: list[Match], opinion: Opinion, facts: Facts, common: dict[str, object]
+) -> Diagnosis | None:
+    """`unknown` between two classes when the rules' winner is a message in the text (not a
+    structured fact: nvidia-smi, the kernel log, inspect, probes always decide), the evidence is
+    more than a pasted line holding it, and the learned model is sure of another class: one the
+    root-cause order put second, or one no rule saw."""
+    winner = matches[0]
+    if not winner.rule.endswith(":signatures") or is_thin(facts):
+        return None
+    sure = opinion.sure_of()
+    if sure is None or sure[0] == winner.incident:
+        return None
+    rival, p = sure
+    if rival in {m.incident for m in matches if m.confidence >= STRONG}:
+        why = (
+            f"both matched; the root-cause order puts {winner.incident} first, the learned "
+            f"model is sure of {rival} (probability {p:.2f})"
+        )
+    else:
+        why = (
+            f"a message of {winner.incident} matched, but the learned model is sure of "
+            f"{rival} (probability {p:.2f})"
+        )
+    return _undecided(
+        (winner.incident, f"rules: {winner.rule}"), (rival, "learned model"), opinion, why,
+        evidence=winner.evidence, matches=tuple(matches), common=common,
+    )  # fmt: skip
+
+
+def _disputed_healthy(
+    healthy: Diagnosis, opinion: Opinion, common: dict[str, object]
+) -> Diagnosis | None:
+    """Working GPUs and no known error, but the model is sure the text shows another class."""
+    sure = opinion.sure_of()
+    if sure is None or sure[0] == Incident.HEALTHY:
+        return None
+    why = f"the GPUs answer, but the learned model is sure of {sure[0]} (probability {sure[1]:.2f})"
+    return _undecided(
+        (Incident.HEALTHY, "positive evidence"), (sure[0], "learned model"), opinion, why,
+        evidence=healthy.evidence, matches=(), common=common,
+    )  # fmt: skip
+
+
+def _undecided(
+    first: tuple[str, str],
+    second: tuple[str, str],
+    opinion: Opinion,
+    why: str,
+    *,
+    evidence: tuple[Line, ...],
+    matches: tuple[Match, ...],
+    common: dict[str, object],
+) -> Diagnosis:
+    """`unknown` naming two candidate causes and the one check that tells them apart."""
+    candidates = tuple(
+        Candidate(incident=c, probability=_rounded(opinion.p(c)), why=w) for c, w in (first, second)
+    )
+    check = tells_apart(first[0], second[0])
+    return Diagnosis(
+        incident=Incident.UNKNOWN,
+        confidence=UNDECIDED_CONFIDENCE,
+        summary=f"Not decided between {first[0]} and {second[0]}: {why}. "
+        f"The check that tells them apart: {check}",
+        evidence=evidence,
+        matches=matches,
+        basis="model",
+        candidates=candidates,
+        tells_apart=check,
+        next_checks=(check,),
+        **common,
+    )
+
+
+def _rounded(p: float | None) -> float | None:
+    return None if p is None else round(p, 3)
+
+
+def tells_apart(a: str, b: str) -> str:
+    """The one check that tells class `a` from class `b` (classes.yaml `apart`, either way
+    round), else the first check of the leading candidate that is a cause (`healthy` has none
+    to offer)."""
+    info_a, info_b = knowledge.class_info(a), knowledge.class_info(b)
+    check = info_a.apart.get(b) or info_b.apart.get(a)
+    if check:
+        return check
+    for incident, info in ((a, info_a), (b, info_b)):
+        if incident not in (Incident.HEALTHY, Incident.UNKNOWN) and info.next:
+            return info.next[0]
+    return knowledge.class_info(Incident.UNKNOWN).next[0]
+
+
+UNDECIDED_CONFIDENCE = 0.3  # `unknown` with relevant evidence: something is wrong, not what
+AGREE_TOP = 2  # a proposal or word guess stands when it names one of the model's leading two
+CANDIDATE_MIN = 0.1  # a cause the model gives less is no candidate (it says: none of them)
 
 
 SIMILAR_CITED = 3  # incidents cited with a diagnosis
@@ -168,24 +317,72 @@ def _exclusive_mode(facts: Facts, common: dict[str, object]) -> Diagnosis | None
     )
 
 
+def _from_model(
+    facts: Facts, opinion: Opinion, errors: list[Line], common: dict[str, object]
+) -> Diagnosis | None:
+    """No rule matched and the learned model is sure of a class: its class, marked as the
+    model's (the probability is calibrated on held-out folds; see docs/accuracy.md)."""
+    sure = opinion.sure_of()
+    if sure is None or opinion.model is None:
+        return None
+    incident, p = sure
+    words = opinion.model.weighed(opinion.text, incident)
+    return Diagnosis(
+        incident=incident,
+        confidence=round(p, 2),
+        summary=f"No known message matched. The learned model is sure of {incident} "
+        f"(probability {p:.2f}){_from_words_read(words)}: {explain(incident)} "
+        "It judges how incidents are worded, it did not find a known message: confirm it "
+        "with the check below.",
+        evidence=_last_errors(facts, errors),
+        basis="model",
+        next_checks=knowledge.class_info(incident).next,
+        **common,
+    )
+
+
+def _from_words_read(words: list[str]) -> str:
+    return f", from the words {', '.join(repr(w) for w in words)}" if words else ""
+
+
+def _agrees(opinion: Opinion, incident: str) -> float | None:
+    """With a model: its probability of `incident` when it ranks it first, else None (a guess
+    the model does not back is no answer). Without one: 1.0 (the guess stands alone)."""
+    if opinion.model is None:
+        return 1.0
+    lead = dict(opinion.leading()[:AGREE_TOP])
+    p = lead.get(incident)
+    return p if p is not None and p >= CANDIDATE_MIN else None
+
+
 def _from_similar(
     facts: Facts,
     neighbours: list[tuple[KnownIncident, float]],
+    opinion: Opinion,
     errors: list[Line],
     common: dict[str, object],
 ) -> Diagnosis | None:
-    """A proposal from the most similar known incidents (only when there was text)."""
+    """A proposal from the most similar known incidents (only when there was text), when the
+    learned model ranks the same class first."""
     proposal = propose(neighbours) if facts.text_bytes else None
     if proposal is None:
         return None
     incident, confidence = proposal
+    backed = _agrees(opinion, incident)
+    if backed is None:
+        return None
     first = neighbours[0][0]
+    model_says = (
+        f" The learned model ranks it first too (probability {backed:.2f})."
+        if opinion.model is not None
+        else ""
+    )
     return Diagnosis(
         incident=incident,
-        confidence=confidence,
+        confidence=confidence if opinion.model is None else round(backed, 2),
         summary=f"No rule matched. The most similar known incidents point to {incident}: "
         f"{explain(incident)} This is a proposal from similar incidents, not a finding "
-        f"(closest: {first.source}).",
+        f"(closest: {first.source}).{model_says}",
         evidence=tuple((facts.exceptions or errors)[-3:]),
         basis="similar-incidents",
         next_checks=knowledge.class_info(incident).next,
@@ -199,18 +396,27 @@ def _last_errors(facts: Facts, errors: list[Line]) -> tuple[Line, ...]:
 
 
 def _from_words(
-    facts: Facts, thin: bool, errors: list[Line], common: dict[str, object]
+    facts: Facts, thin: bool, opinion: Opinion, errors: list[Line], common: dict[str, object]
 ) -> Diagnosis | None:
-    """A guess from the class vocabulary the evidence uses (see :func:`word_guess`)."""
+    """A guess from the class vocabulary the evidence uses (see :func:`word_guess`), when the
+    learned model ranks the same class first."""
     guess = word_guess(facts, thin)
     if guess is None:
         return None
     incident, words = guess
+    backed = _agrees(opinion, incident)
+    if backed is None:
+        return None
+    model_says = (
+        f" The learned model ranks it first too (probability {backed:.2f})."
+        if opinion.model is not None
+        else ""
+    )
     return Diagnosis(
         incident=incident,
-        confidence=WORD_GUESS_CONFIDENCE,
+        confidence=WORD_GUESS_CONFIDENCE if opinion.model is None else round(backed, 2),
         summary=f"No known message matched. The words used ({', '.join(words[:4])}) point "
-        f"to {incident}: {explain(incident)} This is a guess, not a finding.",
+        f"to {incident}: {explain(incident)} This is a guess, not a finding.{model_says}",
         evidence=_last_errors(facts, errors),
         basis="keywords",
         next_checks=knowledge.class_info(incident).next,
@@ -218,19 +424,73 @@ def _from_words(
     )
 
 
-def _unknown(facts: Facts, errors: list[Line], common: dict[str, object]) -> Diagnosis:
-    """`unknown`, saying whether the evidence was about the GPUs at all (else confidence 0)."""
+def _hint(
+    facts: Facts, neighbours: list[tuple[KnownIncident, float]], thin: bool
+) -> tuple[str, str] | None:
+    """The class the similar incidents or the words used put forward (the model did not back
+    it: it is a candidate, not an answer)."""
+    proposal = propose(neighbours) if facts.text_bytes else None
+    if proposal is not None and proposal[0] != Incident.UNKNOWN:
+        return proposal[0], "similar incidents"
+    guess = word_guess(facts, thin)
+    return (guess[0], "words used") if guess is not None else None
+
+
+def _unknown(
+    facts: Facts,
+    errors: list[Line],
+    common: dict[str, object],
+    opinion: Opinion,
+    hint: tuple[str, str] | None = None,
+) -> Diagnosis:
+    """`unknown`, saying whether the evidence was about the GPUs at all (else confidence 0);
+    with relevant evidence, two candidate causes (the model's leading two, or what the similar
+    incidents or the words used put forward and the model's first) and the check between them."""
     evidence = _last_errors(facts, errors)
     relevant = bool(evidence) or has_gpu_evidence(facts) or _kernel_gpu_lines(facts)
+    none_of_them = _sure_of_none(opinion)
+    lead = opinion.leading()[:2] if (relevant or hint) and none_of_them is None else []
+    if hint is not None and lead:
+        other = next(((c, p) for c, p in lead if c != hint[0]), None)
+        if other is not None:
+            return _undecided(
+                hint, (other[0], "learned model"), opinion,
+                f"the {hint[1]} point to {hint[0]}, the learned model ranks {other[0]} higher "
+                f"({other[1]:.2f}) and is sure of neither",
+                evidence=evidence, matches=(), common=common,
+            )  # fmt: skip
+    if len(lead) == 2 and lead[0][1] >= CANDIDATE_MIN:
+        (a, pa), (b, pb) = lead
+        return _undecided(
+            (a, "learned model"), (b, "learned model"), opinion,
+            f"no known message matched, and the learned model is not sure of any class "
+            f"({a} {pa:.2f}, {b} {pb:.2f})",
+            evidence=evidence, matches=(), common=common,
+        )  # fmt: skip
+    summary = _unknown_summary(facts, evidence, relevant)
+    if none_of_them is not None:
+        summary += (
+            " The learned model is sure this is none of the known classes (probability "
+            f"{none_of_them:.2f}): like the corpus threads whose cause was outside them "
+            "(a Python dependency, a port in use, a missing model file)."
+        )
     return Diagnosis(
         incident=Incident.UNKNOWN,
-        confidence=0.3 if relevant else 0.0,
-        summary=_unknown_summary(facts, evidence, relevant),
+        confidence=UNDECIDED_CONFIDENCE if relevant else 0.0,
+        summary=summary,
         evidence=evidence,
-        basis="evidence" if relevant else "no-evidence",
+        basis="model" if none_of_them is not None else "evidence" if relevant else "no-evidence",
         next_checks=knowledge.class_info(Incident.UNKNOWN).next,
         **common,
     )
+
+
+def _sure_of_none(opinion: Opinion) -> float | None:
+    """The model's probability that the evidence shows none of the classes, when it is sure."""
+    if opinion.model is None or not opinion.ranked:
+        return None
+    top, p = opinion.ranked[0]
+    return p if top == Incident.UNKNOWN and p >= opinion.model.threshold else None
 
 
 def _unknown_summary(facts: Facts, evidence: tuple[Line, ...], relevant: bool) -> str:
@@ -468,17 +728,22 @@ def fact_words(facts: Facts) -> list[str]:
 
 
 def classify_path(
-    path: object, *, state_dir: Path | None = None, exclude: Iterable[str] = ()
+    path: object,
+    *,
+    state_dir: Path | None = None,
+    exclude: Iterable[str] = (),
+    model: Model | Literal["packaged"] | None = "packaged",
 ) -> Diagnosis:
     """Open a bundle (directory, .tar.gz or single log file) and diagnose it, citing similar
-    known incidents (the packaged corpus, plus the team's confirmed history in `state_dir`)."""
+    known incidents (the packaged corpus, plus the team's confirmed history in `state_dir`);
+    `model` as for :func:`diagnose`."""
     from runbooks.bundle import open_bundle
     from runbooks.facts import gather
 
     with open_bundle(Path(str(path))) as bundle:
         facts = gather(bundle)
         host = bundle.meta.host if bundle.meta else None
-    return diagnose(facts, host=host, index=index_for(state_dir), exclude=exclude)
+    return diagnose(facts, host=host, index=index_for(state_dir), exclude=exclude, model=model)
 
 
 def render_text(d: Diagnosis) -> str:
@@ -487,15 +752,23 @@ def render_text(d: Diagnosis) -> str:
         "thin-evidence": "  - a guess from pasted text",
         "similar-incidents": "  - a proposal from similar incidents",
         "keywords": "  - a guess from the words used",
+        "model": "  - named by the learned model, not a known message",
         "no-evidence": "  - nothing relevant seen",
     }
-    out = [f"incident:   {d.incident}  (confidence {d.confidence:.2f}){label.get(d.basis, '')}"]
+    tag = label.get(d.basis, "")
+    if d.candidates:
+        tag = "  - not decided between two causes"
+    out = [f"incident:   {d.incident}  (confidence {d.confidence:.2f}){tag}"]
     if d.host or d.container:
         out.append(
             f"where:      host {safe(d.host or '?')}"
             + (f", container {safe(d.container)}" if d.container else "")
         )
     out.append(f"summary:    {safe(d.summary)}")
+    if d.candidates:
+        out.append("candidates:")
+        out.extend(f"  - {candidate_line(c)}" for c in d.candidates)
+        out.append(f"tells them apart: {safe(d.tells_apart)}")
     if d.evidence:
         out.append("evidence:")
         for ln in d.evidence:
@@ -516,13 +789,19 @@ def render_text(d: Diagnosis) -> str:
         out.extend(f"  - {safe(step)}" for step in d.fix.steps)
         if d.fix.note:
             out.append(f"  note: {safe(d.fix.note)}")
-    if d.next_checks:
+    if d.next_checks and not d.candidates:  # with candidates: the check that tells them apart
         out.append("check next:")
         out.extend(f"  - {c}" for c in d.next_checks)
     if d.similar:
         out.append("similar known incidents:")
         out.extend(f"  - {similar_line(s)}" for s in d.similar)
     return "\n".join(out)
+
+
+def candidate_line(c: Candidate) -> str:
+    """One candidate cause: "gpu-hardware-fault (learned model, probability 0.93)"."""
+    p = f", probability {c.probability:.2f}" if c.probability is not None else ""
+    return safe(f"{c.incident} ({c.why}{p})")
 
 
 def similar_line(s: SimilarIncident) -> str:
@@ -572,6 +851,15 @@ def render_explain(d: Diagnosis) -> str:
         out.append(f"winner: {d.matches[0].incident}, the only class that matched.")
     else:
         out.append(f"verdict: {d.incident} ({d.basis}).")
+    if d.candidates:
+        out.append(
+            f"verdict: unknown, not decided between {d.candidates[0].incident} and "
+            f"{d.candidates[1].incident} ({d.basis})."
+        )
+    model = packaged_model()
+    if model is not None and d.model_view:
+        view = ", ".join(f"{c} {p:.2f}" for c, p in d.model_view)
+        out.append(f"learned model: {view} (it names a class at {model.threshold:.2f} or more).")
     return "\n".join(out)
 
 
@@ -590,6 +878,9 @@ def to_json(d: Diagnosis) -> dict[str, object]:
         "findings": [f.model_dump() for f in d.findings],
         "next_checks": list(d.next_checks),
         "similar": [s.model_dump() for s in d.similar],
+        "candidates": [c.model_dump() for c in d.candidates],
+        "tells_apart": d.tells_apart or None,
+        "model": [{"incident": c, "probability": p} for c, p in d.model_view],
         "matches": [
             {"incident": m.incident, "confidence": m.confidence, "reason": m.reason, "rule": m.rule}
             for m in d.matches

@@ -365,6 +365,8 @@ def postmortem(
         bundle=prepared.bundle,
         similar=d.similar,
         basis=d.basis,
+        candidates=d.candidates,
+        tells_apart=redact_text(d.tells_apart),
         failure_cause=failure_cause(outcome.message)
         if outcome is not None and outcome.status != "fixed"
         else None,

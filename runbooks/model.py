@@ -103,8 +103,21 @@ class SimilarIncident(Frozen):
 
 # How the diagnosis was reached: rules over the evidence, a guess from thin evidence (a pasted
 # line), the similar incidents alone (no rule fired), the words used alone (no rule fired, no
-# close incident), or nothing relevant was seen at all.
-Basis = Literal["evidence", "thin-evidence", "similar-incidents", "keywords", "no-evidence"]
+# close incident), the learned model (runbooks/learned.py: it named the class, or it withheld a
+# class the rules named because it is sure of another, or it ranked the candidates of an
+# `unknown`), or nothing relevant was seen at all.
+Basis = Literal[
+    "evidence", "thin-evidence", "similar-incidents", "keywords", "model", "no-evidence"
+]
+
+
+class Candidate(Frozen):
+    """A cause that fits an undecided diagnosis, with the learned model's calibrated probability
+    of it (None where the model has no view, e.g. no model is packaged)."""
+
+    incident: str
+    probability: float | None = None
+    why: str = ""  # what puts it forward: "rules: <rule>", "learned model"
 
 
 class Diagnosis(Frozen):
@@ -121,11 +134,22 @@ class Diagnosis(Frozen):
     basis: Basis = "evidence"
     next_checks: tuple[str, ...] = ()
     similar: tuple[SimilarIncident, ...] = ()
+    # `unknown` because no class is clearly ahead: the two leading causes, and the one check that
+    # tells them apart (classes.yaml `apart`, else the leading cause's first check).
+    candidates: tuple[Candidate, ...] = ()
+    tells_apart: str = ""
+    # The learned model's leading classes and calibrated probabilities, whatever decided.
+    model_view: tuple[tuple[str, float], ...] = ()
 
     @property
     def guess(self) -> bool:
         """True when the class is a likely guess rather than a finding."""
-        return self.basis in ("thin-evidence", "similar-incidents", "keywords")
+        return self.incident != "unknown" and self.basis in (
+            "thin-evidence",
+            "similar-incidents",
+            "keywords",
+            "model",
+        )
 
 
 class CreateSpec(Frozen):

@@ -10,6 +10,7 @@ import tempfile
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import docker
 import pytest
@@ -155,9 +156,41 @@ def pytest_terminal_summary(terminalreporter: object) -> None:
         write(line)
     if not REPORT:
         return
-    write(f"corpus accuracy: {REPORT['correct']}/{REPORT['total']} = {REPORT['accuracy']:.3f}")
-    write(f"{'class':28} {'cases':>5} {'precision':>9} {'recall':>7}")
-    for cls, n, precision, recall in REPORT["rows"]:  # type: ignore[union-attr]
-        write(f"{cls:28} {n:5d} {precision:9.2f} {recall:7.2f}")
-    for miss in REPORT["misses"]:  # type: ignore[union-attr]
-        write(f"  miss: {miss}")
+    for line in corpus_summary(REPORT):
+        write(line)
+
+
+def corpus_summary(report: dict[str, Any]) -> list[str]:
+    """The held-out figures of tests/test_corpus.py: leave-one-out and leave-one-repository-out,
+    before (rules + similar incidents + words) and after the learned model, per class, the
+    reliability tables and the misses."""
+    out = []
+
+    def figure(name: str, r: dict[str, Any]) -> str:
+        n = r["total"]
+        return (
+            f"{name}: {r['correct']}/{n} = {r['correct'] / n:.3f}; named {r['named']} "
+            f"(coverage {r['named'] / n:.3f}), right when named {r['precision']:.3f}"
+        )
+
+    for key, name in (("loo", "leave-one-out"), ("loro", "leave-one-repository-out")):
+        if key in report:
+            out.append(figure(f"corpus {name}, before the model", report[f"{key}_before"]))
+            out.append(figure(f"corpus {name}, with the model  ", report[key]))
+            r = report[key]
+            out.append(f"  the learned model alone: {r['model_correct']}/{r['total']} right")
+    main = report.get("loro") or report.get("loo")
+    if main is None:
+        return out
+    title = "leave-one-repository-out" if "loro" in report else "leave-one-out"
+    out.append(f"per class ({title}, with the model):")
+    out.append(f"{'class':28} {'cases':>5} {'precision':>9} {'recall':>7}")
+    out.extend(f"{c:28} {n:5d} {p:9.2f} {r:7.2f}" for c, n, p, r in main["recall"])
+    for label, rows in (
+        ("confidence of named answers", main["reliability"]),
+        ("the learned model's probability of its first class", main["model_reliability"]),
+    ):
+        out.append(f"reliability ({title}), {label}: decile, answers, mean, right")
+        out.extend(f"  {d}  {n:4d}  {m:.2f}  {ok:.2f}" for d, n, m, ok in rows)
+    out.extend(f"  miss: {m}" for m in main["misses"])
+    return out

@@ -213,6 +213,8 @@ class ClassInfo(Frozen):
     explain: str
     next: tuple[str, ...] = ()
     words: tuple[str, ...] = ()  # what people write about it (a last-resort guess), lower case
+    # The one check that tells this class from another it is often mistaken for, by class id.
+    apart: dict[str, str] = {}
 
 
 # --- loading -----------------------------------------------------------------------------------
