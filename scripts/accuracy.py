@@ -10,6 +10,8 @@ Usage:
   .venv/bin/python scripts/accuracy.py DIR --json                   # figures as JSON
 
 Score a round *before* changing anything for it, and record the figure in docs/accuracy.md.
+The packaged learned model was trained on every case of tests/corpus: on the corpus this script
+is not held out for it (the held-out corpus figures are `make test`'s, tests/test_corpus.py).
 """
 
 from __future__ import annotations
