@@ -25,6 +25,7 @@ from runbooks.rules import (
     PRIORITY,
     STRONG,
     exclusive_mode_gpus,
+    kernel_kills_are_anothers,
     rank,
     run_rules,
 )
@@ -64,11 +65,7 @@ def diagnose(
     neighbours = found[:SIMILAR_CITED]
     common = _common_fields(facts, host, neighbours)
     thin = is_thin(facts)
-    # The model reads the incident's own text (with the fact words beside it), never the fact
-    # words alone: a container that asked for no GPU is normal until something says otherwise.
-    opinion = Opinion(
-        packaged_model() if model == "packaged" else model, text if facts.salient else ""
-    )
+    opinion = Opinion(packaged_model() if model == "packaged" else model, model_input(facts))
     if matches:
         diagnosis = _disputed(matches, opinion, facts, common) or _from_rules(
             matches, facts, thin, common
@@ -345,14 +342,21 @@ def _from_words_read(words: list[str]) -> str:
     return f", from the words {', '.join(repr(w) for w in words)}" if words else ""
 
 
-def _agrees(opinion: Opinion, incident: str) -> float | None:
-    """With a model: its probability of `incident` when it ranks it first, else None (a guess
-    the model does not back is no answer). Without one: 1.0 (the guess stands alone)."""
-    if opinion.model is None:
-        return 1.0
-    lead = dict(opinion.leading()[:AGREE_TOP])
-    p = lead.get(incident)
-    return p if p is not None and p >= CANDIDATE_MIN else None
+def _backing(opinion: Opinion, incident: str) -> tuple[bool, float | None]:
+    """Does a guess (a proposal, the words used) stand, and with what probability from the
+    model? It stands when the model ranks its class among its leading two (AGREE_TOP, at least
+    CANDIDATE_MIN), or when the model has no view (no model, or no words of the incident's own
+    to read: the guess stands alone, as before the model)."""
+    if not opinion.ranked:
+        return True, None
+    p = dict(opinion.leading()[:AGREE_TOP]).get(incident)
+    return (True, p) if p is not None and p >= CANDIDATE_MIN else (False, None)
+
+
+def _backed(p: float | None) -> str:
+    if p is None:
+        return ""
+    return f" The learned model ranks it among its two leading classes (probability {p:.2f})."
 
 
 def _from_similar(
@@ -362,27 +366,22 @@ def _from_similar(
     errors: list[Line],
     common: dict[str, object],
 ) -> Diagnosis | None:
-    """A proposal from the most similar known incidents (only when there was text), when the
-    learned model ranks the same class first."""
+    """A proposal from the most similar known incidents (only when there was text), unless the
+    learned model read the incident and does not back it (see :func:`_backing`)."""
     proposal = propose(neighbours) if facts.text_bytes else None
     if proposal is None:
         return None
     incident, confidence = proposal
-    backed = _agrees(opinion, incident)
-    if backed is None:
+    stands, p = _backing(opinion, incident)
+    if not stands:
         return None
     first = neighbours[0][0]
-    model_says = (
-        f" The learned model ranks it first too (probability {backed:.2f})."
-        if opinion.model is not None
-        else ""
-    )
     return Diagnosis(
         incident=incident,
-        confidence=confidence if opinion.model is None else round(backed, 2),
+        confidence=confidence if p is None else round(p, 2),
         summary=f"No rule matched. The most similar known incidents point to {incident}: "
         f"{explain(incident)} This is a proposal from similar incidents, not a finding "
-        f"(closest: {first.source}).{model_says}",
+        f"(closest: {first.source}).{_backed(p)}",
         evidence=tuple((facts.exceptions or errors)[-3:]),
         basis="similar-incidents",
         next_checks=knowledge.class_info(incident).next,
@@ -398,25 +397,20 @@ def _last_errors(facts: Facts, errors: list[Line]) -> tuple[Line, ...]:
 def _from_words(
     facts: Facts, thin: bool, opinion: Opinion, errors: list[Line], common: dict[str, object]
 ) -> Diagnosis | None:
-    """A guess from the class vocabulary the evidence uses (see :func:`word_guess`), when the
-    learned model ranks the same class first."""
+    """A guess from the class vocabulary the evidence uses (see :func:`word_guess`), unless the
+    learned model read the incident and does not back it (see :func:`_backing`)."""
     guess = word_guess(facts, thin)
     if guess is None:
         return None
     incident, words = guess
-    backed = _agrees(opinion, incident)
-    if backed is None:
+    stands, p = _backing(opinion, incident)
+    if not stands:
         return None
-    model_says = (
-        f" The learned model ranks it first too (probability {backed:.2f})."
-        if opinion.model is not None
-        else ""
-    )
     return Diagnosis(
         incident=incident,
-        confidence=WORD_GUESS_CONFIDENCE if opinion.model is None else round(backed, 2),
+        confidence=WORD_GUESS_CONFIDENCE if p is None else round(p, 2),
         summary=f"No known message matched. The words used ({', '.join(words[:4])}) point "
-        f"to {incident}: {explain(incident)} This is a guess, not a finding.{model_says}",
+        f"to {incident}: {explain(incident)} This is a guess, not a finding.{_backed(p)}",
         evidence=_last_errors(facts, errors),
         basis="keywords",
         next_checks=knowledge.class_info(incident).next,
@@ -697,6 +691,19 @@ _PROGRESS = re.compile(
 def evidence_text(facts: Facts) -> str:
     """What similar-incident search matches on: the salient lines plus words for the facts."""
     return "\n".join([*facts.salient, " ".join(fact_words(facts))])
+
+
+def model_input(facts: Facts) -> str:
+    """What the learned model reads: the salient lines, as similar-incident search reads them,
+    and the facts as words; but not a kernel log whose OOM kills were all another container's
+    (on a shared host that log is another workload's story, as the host-oom rule judges it).
+    Empty when the incident has no words of its own (the workload's log, a pasted text, a
+    person's command output): fact words alone (a container that asked for no GPU) or a host's
+    kernel log alone are normal until something says otherwise."""
+    if not facts.own_text:
+        return ""
+    kernel = [] if kernel_kills_are_anothers(facts) else facts.kernel_text
+    return "\n".join([*facts.own_text, *kernel, " ".join(fact_words(facts))])
 
 
 def fact_words(facts: Facts) -> list[str]:

@@ -95,6 +95,11 @@ class Facts(BaseModel):
     exceptions: list[Line] = []
     env_reports: list[EnvReport] = []  # collect_env / version printouts in any text
     salient: list[str] = []  # the lines that carry meaning, for similar-incident search
+    # The salient lines again, split by whose words they are: the workload's and a person's
+    # text, and the host's kernel log (on a shared host it holds every container's events):
+    # what the learned model reads (classify.model_input).
+    own_text: list[str] = []
+    kernel_text: list[str] = []
     errorish: list[Line] = []  # the last error-looking lines of each log (no signature needed)
     text_bytes: int = 0  # how much text the bundle held (0: nothing to read at all)
     ssh_error: str | None = None
@@ -338,7 +343,9 @@ def _read_text(
     recent = _newest(text) if rel in bundle.large else text
     # What cudamedic's own probes printed is not the incident's text (see Origin).
     if len(facts.salient) < 4 * MAX_SALIENT_LINES and origin_of(rel) != "probe":
-        facts.salient.extend(salient_lines(recent))
+        lines = salient_lines(recent)
+        facts.salient.extend(lines)
+        (facts.kernel_text if kind == "kernel" else facts.own_text).extend(lines)
     if kind == "kernel":
         return
     cited = _cited(recent, rel, scan.lines)

@@ -6,12 +6,13 @@ then a multinomial logistic regression, trained by ``scripts/build_model.py`` on
 with scikit-learn (a build dependency only). What ships is data, never code:
 ``knowledge/model.npz`` holds the vocabulary, idf weights, coefficients and the calibration
 (a temperature) and the threshold the build chose on held-out folds; it is read with
-``allow_pickle=False`` and scored here with numpy. The text scored is what similar-incident search
-indexes (``classify.evidence_text``: salient lines plus words for the structured facts), so an
+``allow_pickle=False`` and scored here with numpy. The text scored is ``classify.model_input``:
+what similar-incident search indexes (salient lines plus words for the structured facts), so an
 offline bundle and a live collection of the same incident get the same features.
 
-Example: ``Model.packaged().rank("RuntimeError: DataLoader worker (pid 4143) is killed by signal:
-Bus error ...")[0]`` is ``("shm-too-small", 0.97)``.
+Example: ``packaged_model().rank("RuntimeError: DataLoader worker (pid 4143) is killed by signal:
+Bus error. It is possible that dataloader's workers are out of shared memory.")[0]`` is
+``("shm-too-small", 0.994)``.
 """
 
 from __future__ import annotations

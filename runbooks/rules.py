@@ -478,9 +478,9 @@ def container_toolkit_missing(facts: Facts) -> Match | None:
 
 @rule(Incident.HOST_OOM_KILLED)
 def host_oom_killed(facts: Facts) -> Match | None:
-    ours = {c.inspect.id for c in facts.containers.values() if c.inspect and c.inspect.id}
+    ours = _our_container_ids(facts)
     kernel = facts.kernel.oom_kills if facts.kernel is not None else ()
-    if kernel and all(_another_containers(k, ours) for k in kernel):
+    if kernel_kills_are_anothers(facts):
         # Every kill in the kernel log was another container's: its OOM lines are not evidence
         # for this one (read the class from everything but the kernel log).
         match = sig_match(
@@ -515,6 +515,18 @@ def host_oom_killed(facts: Facts) -> Match | None:
 
 
 _CONTAINER_ID = re.compile(r"[0-9a-f]{64}")  # in a memcg path: /docker/<id>, docker-<id>.scope
+
+
+def _our_container_ids(facts: Facts) -> set[str]:
+    return {c.inspect.id for c in facts.containers.values() if c.inspect and c.inspect.id}
+
+
+def kernel_kills_are_anothers(facts: Facts) -> bool:
+    """Does the kernel log hold OOM kills, every one of another container than those collected?
+    Then its text is another workload's story (the learned model leaves it out too)."""
+    kills = facts.kernel.oom_kills if facts.kernel is not None else ()
+    ours = _our_container_ids(facts)
+    return bool(kills) and all(_another_containers(k, ours) for k in kills)
 
 
 def _another_containers(kill: OomKill, ours: set[str]) -> bool:

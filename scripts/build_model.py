@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """Build runbooks/knowledge/model.npz, the learned component of the diagnosis, from tests/corpus.
 
-For every corpus case: the evidence text the classifier scores (``classify.evidence_text``: the
-salient lines plus words for the structured facts, exactly what similar-incident search indexes)
+For every corpus case with words of its own: the text the classifier gives the model
+(``classify.model_input``: the salient lines as similar-incident search reads them, without a
+kernel log whose OOM kills were all another container's, plus words for the structured facts)
 and its label. The model: TF-IDF over words + adjacent-word pairs and over character 3-5-grams
 inside words (``runbooks/learned.py`` holds the two analyzers, shared with the scorer), each block
 L2-normalised, then scikit-learn's multinomial LogisticRegression (L2, C=10).
@@ -11,8 +12,8 @@ Calibration and the threshold come from held-out folds, never from the cases a m
 on: grouped 10-fold cross-validation where a group is the repository (or site) of a case's source
 URL, so a thread's neighbours from the same project are never in its training fold. On those
 held-out probabilities the build fits one temperature (minimum log loss) and picks the lowest
-threshold from which every threshold keeps the held-out precision of the classes the model names
-at or above PRECISION_GOAL. The last model is trained on the whole corpus.
+threshold at which the held-out precision of the classes the model names reaches
+PRECISION_GOAL. The last model is trained on the whole corpus.
 
 What is written is data, not code (no pickle): UTF-8 vocabularies, idf weights, float16
 coefficients, intercepts and a JSON header, loaded with ``numpy.load(allow_pickle=False)``.
@@ -60,7 +61,7 @@ class Case:
     name: str
     label: str
     group: str  # repository or site of the thread
-    text: str  # the evidence text the classifier scores
+    text: str  # what the model reads (classify.model_input)
     source: str
     facts: Any = None  # runbooks.facts.Facts of its bundle
 
@@ -80,7 +81,7 @@ def source_group(url: str) -> str:
 def corpus_cases(corpus: Path = CORPUS) -> list[Case]:
     """Every case of the corpus with its evidence text (the case.yaml is never evidence)."""
     from runbooks.bundle import open_bundle
-    from runbooks.classify import evidence_text
+    from runbooks.classify import model_input
     from runbooks.facts import gather
 
     cases = []
@@ -90,7 +91,7 @@ def corpus_cases(corpus: Path = CORPUS) -> list[Case]:
             facts = gather(bundle)
         source = str(meta["source"])
         label = str(meta["incident"])
-        text = evidence_text(facts)
+        text = model_input(facts)
         cases.append(Case(case.name, label, source_group(source), text, source, facts))
     return cases
 
@@ -116,6 +117,9 @@ def fit(counts: Counts, train: np.ndarray, labels: Sequence[str]) -> dict[str, A
     from scipy import sparse
     from sklearn.linear_model import LogisticRegression
 
+    # A case without words of its own is decided by the rules; the model never reads it.
+    words = sum(np.diff(m.indptr) for m in counts.matrices)
+    train = train[words[train] > 0]
     n = len(train)
     arrays: dict[str, Any] = {}
     weighted = []
@@ -202,24 +206,18 @@ def softmax(z: np.ndarray) -> np.ndarray:
 def threshold_for(
     probs: np.ndarray, truth: np.ndarray, classes: Sequence[str]
 ) -> tuple[float, dict[str, float]]:
-    """The lowest threshold from which the held-out precision of the classes the model names
-    (top class not `unknown`, probability >= threshold) stays >= PRECISION_GOAL."""
+    """The lowest threshold (0.30-0.99, step 0.01) at which the held-out precision of the classes
+    the model names (top class not `unknown`, probability >= threshold) reaches PRECISION_GOAL
+    on at least MIN_NAMED answers; 0.99 when none does."""
     top = probs.argmax(axis=1)
     best = probs.max(axis=1)
     named_class = np.array([classes[t] != "unknown" for t in top])
-    grid = [round(t, 2) for t in np.arange(0.30, 1.0, 0.01)]
-    ok = []
-    for t in grid:
+    chosen = 0.99
+    for t in (round(x, 2) for x in np.arange(0.30, 1.0, 0.01)):
         named = named_class & (best >= t)
-        if named.sum() < MIN_NAMED:
-            ok.append(True)
-            continue
-        ok.append(float((top[named] == truth[named]).mean()) >= PRECISION_GOAL)
-    chosen = grid[-1]
-    for i in range(len(grid) - 1, -1, -1):
-        if not ok[i]:
+        if named.sum() >= MIN_NAMED and (top[named] == truth[named]).mean() >= PRECISION_GOAL:
+            chosen = t
             break
-        chosen = grid[i]
     named = named_class & (best >= chosen)
     stats = {
         "precision": round(float((top[named] == truth[named]).mean()), 4) if named.any() else 1.0,
@@ -238,7 +236,9 @@ def grouped_folds(groups: Sequence[str], k: int = FOLDS) -> list[np.ndarray]:
 
 def build(cases: Sequence[Case] | None = None) -> dict[str, Any]:
     """The arrays of model.npz: trained on every case, calibrated on grouped held-out folds."""
-    cases = list(cases if cases is not None else corpus_cases())
+    # The model reads only cases with words of their own (classify.model_input): it is trained
+    # and calibrated on those.
+    cases = [c for c in (cases if cases is not None else corpus_cases()) if c.text]
     labels = [c.label for c in cases]
     classes = sorted(set(labels))
     texts = [c.text for c in cases]
@@ -251,7 +251,7 @@ def build(cases: Sequence[Case] | None = None) -> dict[str, Any]:
     arrays = fit(counts, np.arange(len(cases)), labels)
     meta = {
         "format": 1,
-        "trained_on": f"tests/corpus: {len(cases)} cases, {len(classes)} classes",
+        "trained_on": f"tests/corpus: {len(cases)} cases with text, {len(classes)} classes",
         "c": C,
         "min_df": MIN_DF,
         "temperature": temperature,
@@ -359,7 +359,7 @@ def classify_held_out(
             for i in test:
                 diagnoses[i] = diagnose(cases[i].facts, index=index, exclude=names, model=model)
                 if model is not None:
-                    first[i] = (model.rank(cases[i].text) or [("unknown", 0.0)])[0]
+                    first[i] = (model.rank(cases[i].text) or [("", 0.0)])[0]
     return HeldOut(diagnoses, first)
 
 

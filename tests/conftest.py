@@ -178,7 +178,11 @@ def corpus_summary(report: dict[str, Any]) -> list[str]:
             out.append(figure(f"corpus {name}, before the model", report[f"{key}_before"]))
             out.append(figure(f"corpus {name}, with the model  ", report[key]))
             r = report[key]
-            out.append(f"  the learned model alone: {r['model_correct']}/{r['total']} right")
+            out.append(
+                f"  the learned model alone, on the {r['model_cases']} cases with words of their "
+                f"own: {r['model_correct']} right; named at its threshold {r['model_named']}, "
+                f"right {r['model_precision']:.3f}"
+            )
     main = report.get("loro") or report.get("loo")
     if main is None:
         return out

@@ -76,14 +76,16 @@ def test_a_wording_no_rule_knows_is_named_by_a_model_that_never_saw_its_reposito
 ) -> None:
     """The similar incidents used to propose this one; now the model, trained without the
     thread's repository, names it, says so and gives the checks."""
-    case, model = held_out("gpu-not-requested--cnstark-pytorch-image-nvidia-smi-command-not-found")
+    case, model = held_out(
+        "memlock-limit--spur-scheduler-job-steps-inherit-8mib-memlock-ibv-create-cq"
+    )
     d = _diagnose(case, model)
-    assert d.incident == "gpu-not-requested" and d.basis == "model", render_text(d)
+    assert d.incident == "memlock-limit" and d.basis == "model", render_text(d)
     assert d.guess and model.threshold <= d.confidence <= 1
     assert "learned model" in d.summary and d.next_checks and d.fix is None
     assert "named by the learned model" in render_text(d)
     out = to_json(d)
-    assert out["basis"] == "model" and out["model"][0]["incident"] == "gpu-not-requested"
+    assert out["basis"] == "model" and out["model"][0]["incident"] == "memlock-limit"
     assert out["candidates"] == [] and out["tells_apart"] is None
     rules_alone = _diagnose(case, None)
     assert rules_alone.basis == "similar-incidents"  # the classifier before the model
@@ -143,10 +145,12 @@ def test_the_model_weighs_in_where_two_rules_compete(held_out: Trainer) -> None:
     """A compose log where nvidia-container-cli fails on an NVML error: a driver/library mismatch
     and the container toolkit both match strongly, and the root-cause order alone picks the
     mismatch. A model sure of the toolkit (here one trained without the driver threads, so that
-    it is) makes the answer `unknown` between the two, with the check between them."""
+    it is, its threshold set to 0.5) makes the answer `unknown` between the two, with the check
+    between them."""
     case, model = held_out(
         "driver-library-mismatch--fauxpilot-triton-compose-nvml-mismatch-fixed-by-reboot",
         without=("driver-library-mismatch", "driver-too-old", "driver-not-loaded"),
+        threshold=0.5,
     )
     assert model.rank(case.text)[0][0] == "container-toolkit-missing"
     d = _diagnose(case, model)
@@ -179,10 +183,12 @@ def test_a_matched_message_is_withheld_when_the_model_is_sure_of_another_class()
 
 def test_structured_facts_decide_whatever_the_model_says(held_out: Trainer) -> None:
     """The host's nvidia-smi says 'Driver/library version mismatch': a model trained without
-    any mismatch thread is sure of driver-too-old, and the facts still decide."""
+    any mismatch thread is sure of driver-too-old (its threshold set to 0.5), and the facts still
+    decide."""
     case, model = held_out(
         "driver-library-mismatch--g4dn-oci-error-and-host-nvidia-smi",
         without=("driver-library-mismatch",),
+        threshold=0.5,
     )
     top, p = model.rank(case.text)[0]
     assert top == "driver-too-old" and p >= model.threshold
@@ -208,6 +214,35 @@ def test_the_model_sure_of_none_of_the_classes_is_said(held_out: Trainer) -> Non
     d = _diagnose(case, model)
     assert d.incident == "unknown" and not d.candidates, render_text(d)
     assert d.basis == "model" and "none of the known classes" in d.summary
+
+
+def test_another_containers_oom_kills_on_a_shared_host_are_not_read(tmp_path: Path) -> None:
+    """A container printed a CUDA OOM on a shared host whose kernel log holds OOM kills of other
+    containers only (recorded on the test machine). The model reads the container's words, not
+    the other workloads' kills: the verdict is the one of the line pasted alone (the live path
+    once disputed it, the model being sure of a host OOM kill)."""
+    from runbooks.bundle import open_bundle
+    from runbooks.classify import classify_path, model_input
+    from runbooks.facts import gather
+
+    shared = Path(__file__).parent / "fixtures" / "shared-host"
+    name = json.loads((shared / "inspect.json").read_text())["Name"].lstrip("/")
+    root = tmp_path / "bundle"
+    (root / "containers").mkdir(parents=True)
+    (root / "dmesg.txt").write_text((shared / "dmesg.txt").read_text())
+    (root / "containers" / f"{name}.inspect.json").write_text((shared / "inspect.json").read_text())
+    line = (shared / "container.log").read_text()
+    (root / "containers" / f"{name}.log").write_text(line)
+    with open_bundle(root) as b:
+        facts = gather(b)
+    assert facts.kernel is not None and len(facts.kernel.oom_kills) >= 3
+    assert "Killed process" in "\n".join(facts.salient)  # similar-incident search reads them
+    assert "Killed process" not in model_input(facts) and "CUDA out of memory" in model_input(facts)
+    d = classify_path(root)
+    pasted = tmp_path / "pasted.log"
+    pasted.write_text(line)
+    assert d.incident == classify_path(pasted).incident == "cuda-oom", render_text(d)
+    assert d.model_view[0][0] == "cuda-oom"
 
 
 # -- the scorer ---------------------------------------------------------------------------------
