@@ -52,6 +52,15 @@ EXPLAINED = {
     "healthy--deepo-tf-import-libnvinfer-tensorrt-warnings-only": "live is right: the running "
     "container's own `nvidia-smi -L` (the lab's hook shim) lists its GPUs, the positive evidence "
     "the thread's warnings alone do not give",
+    # Offline the case is one pasted line, whose known message decides; live the bundle is more
+    # than that line, so the learned model (the packaged one, trained on this thread) may
+    # withhold the message's class when it is sure of another. Both offline verdicts are wrong.
+    "gpu-not-requested--gpu-operator-vectoradd-no-nvidia-runtimeclass": "live is closer: "
+    "`unknown` between driver-too-old (the message) and gpu-not-requested (the model, the "
+    "thread's conclusion); offline the pasted line alone says driver-too-old",
+    "invalid-device-ordinal--vitis-ai-tf2-docker-gpu-1-cuda-error-no-device": "live is closer: "
+    "`unknown` between gpu-not-requested (the message) and invalid-device-ordinal (the model, "
+    "the thread's conclusion); offline the pasted line alone says gpu-not-requested",
 }
 
 
