@@ -163,7 +163,7 @@ def parse_since(text: str, now: datetime) -> datetime:
 
     from runbooks.errors import InputError
 
-    if m := re.fullmatch(r"\s*(\d{1,6})\s*([smhd])\s*", text):
+    if m := re.fullmatch(r"(\d{1,6})[ \t]*+([smhd])", text.strip()):
         unit = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days"}[m.group(2)]
         return now - timedelta(**{unit: int(m.group(1))})
     try:

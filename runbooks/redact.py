@@ -101,7 +101,9 @@ _FLAG_WORDS = (
 _CLI_FLAG = re.compile(
     rf"(?i)(?<![\w\-])(?P<flag>--?[a-z0-9_\-]{{0,64}}?(?:{_FLAG_WORDS}))(?P<sep>=|[ \t]+)"
     rf"(?P<value>\"[^\"\n]{{0,{_VALUE_MAX}}}\"?|'[^'\n]{{0,{_VALUE_MAX}}}'?"
-    rf"|(?!--[a-z])[^\s\"'](?:[^\n\"']{{0,{_VALUE_MAX}}}?(?=[ \t]+-|[ \t]*(?:$|[\r\n\"'])))?)"
+    # words up to one that starts with `-` (a lazy scan with a look-ahead was quadratic)
+    rf"|(?!--[a-z])[^\s\"'][^\s\"']{{0,{_VALUE_MAX}}}+"
+    rf"(?:[ \t]++(?!-)[^\s\"']{{1,{_VALUE_MAX}}}+){{0,64}}+)"
 )
 # Positional secrets of a few commands: `sshpass -p pw`, `docker login -u me -p pw`,
 # `mysql -ppw`, `curl -u user:pw`, `wandb login <key>`, a .netrc `password <key>`,
@@ -114,18 +116,20 @@ _CLI_CONTEXT = re.compile(
     r"|\bwandb[ \t]+login[ \t]+(?:--?[a-z\-]+[ \t]+)*['\"]?(?=[A-Za-z0-9_\-]{32})"
     r"|\bredis-cli\b[^\n;&|]{0,256}?[ \t]-a[ \t]+['\"]?"
     r"|\bldap[a-z]*\b[^\n;&|]{0,256}?[ \t]-w[ \t]+['\"]?"
-    r"|\b(?:set|config)(?:[ \t]+--?[a-z][\w\-]{0,32})*[ \t]+['\"]?"
+    r"|\b(?:set|config)(?:[ \t]++--?[a-z][\w\-]{0,32}+){0,8}+[ \t]+['\"]?"
     rf"[\w.\-/:]{{0,64}}?(?:{_CREDENTIAL_WORDS}|{_SHORT_WORDS})[\w.\-]{{0,64}}['\"]?[ \t]+['\"]?"
     r"|\bmachine\s+\S+\s+(?:login\s+\S+\s+)?password\s+)"
     r"|(?<![\w\-])-P[ \t]+['\"]?(?![0-9]+(?:\s|$)))"
     rf"(?P<value>(?!-)[^\s'\"]{{1,{_VALUE_MAX}}})"
 )
-_BEARER = re.compile(r"(?i)\b(?P<kind>bearer|basic|token)\s+(?P<value>[A-Za-z0-9._~+/=\-]{12,})")
+_BEARER = re.compile(r"(?i)\b(?P<kind>bearer|basic|token)\s++(?P<value>[A-Za-z0-9._~+/=\-]{12,})")
 _PEM = re.compile(
     r"-----BEGIN (?P<kind>[A-Z ]*PRIVATE KEY(?: BLOCK)?)-----.*?(?:-----END (?P=kind)-----|\Z)",
     re.DOTALL,
 )
-# Every branch starts with \b and a literal (the anchor the search skips to, see `_Anchored`).
+# Every branch starts with a literal (the anchor the search skips to, see `_Anchored`) that no
+# token character precedes: in a run like `-xoxb-xoxb...` or `-eyJ-eyJ...` only the first anchor
+# starts a match, so the run is scanned once, not once per anchor (issue 27: quadratic).
 _TOKEN_FORMATS = [
     ("AKIA", r"[0-9A-Z]{16}(?![A-Za-z0-9_\-])"),  # AWS access key id
     ("ASIA", r"[0-9A-Z]{16}(?![A-Za-z0-9_\-])"),  # AWS temporary key id
@@ -134,28 +138,30 @@ _TOKEN_FORMATS = [
     ("AIza", r"[0-9A-Za-z_\-]{35}(?![A-Za-z0-9_\-])"),  # Google API key
     ("ya29.", r"[0-9A-Za-z_\-]{20,}"),  # Google OAuth token
     ("AccountKey=", r"[A-Za-z0-9+/=]{40,}"),  # Azure storage
-    ("hf_", r"[A-Za-z0-9]{30,}(?![A-Za-z0-9_\-])"),  # Hugging Face
-    ("api_org_", r"[A-Za-z0-9]{30,}(?![A-Za-z0-9_\-])"),  # Hugging Face org
-    ("gh", r"[pousr]_[A-Za-z0-9]{36,}(?![A-Za-z0-9_\-])"),  # GitHub
-    ("github_pat_", r"[A-Za-z0-9_]{40,}(?![A-Za-z0-9_\-])"),
-    ("glpat-", r"[A-Za-z0-9_\-]{20,}(?![A-Za-z0-9_\-])"),  # GitLab
-    ("xox", r"[abposre]-[A-Za-z0-9\-]{10,}(?![A-Za-z0-9_\-])"),  # Slack tokens
-    ("xapp-", r"[0-9]-[A-Za-z0-9\-]{10,}(?![A-Za-z0-9_\-])"),  # Slack app-level token
+    ("hf_", r"[A-Za-z0-9]{30,}+(?![A-Za-z0-9_\-])"),  # Hugging Face
+    ("api_org_", r"[A-Za-z0-9]{30,}+(?![A-Za-z0-9_\-])"),  # Hugging Face org
+    ("gh", r"[pousr]_[A-Za-z0-9]{36,}+(?![A-Za-z0-9_\-])"),  # GitHub
+    ("github_pat_", r"[A-Za-z0-9_]{40,}+(?![A-Za-z0-9_\-])"),
+    ("glpat-", r"[A-Za-z0-9_\-]{20,}+(?![A-Za-z0-9_\-])"),  # GitLab
+    ("xox", r"[abposre]-[A-Za-z0-9\-]{10,}+(?![A-Za-z0-9_\-])"),  # Slack tokens
+    ("xapp-", r"[0-9]-[A-Za-z0-9\-]{10,}+(?![A-Za-z0-9_\-])"),  # Slack app-level token
     ("https://hooks.slack.com/services/", r"[A-Za-z0-9/]+"),
-    ("sk-", r"(?:ant-|proj-)?[A-Za-z0-9_\-]{20,}(?![A-Za-z0-9_\-])"),  # OpenAI / Anthropic
-    ("nvapi-", r"[A-Za-z0-9_\-]{40,}(?![A-Za-z0-9_\-])"),  # NVIDIA NGC
-    ("r8_", r"[A-Za-z0-9]{30,}(?![A-Za-z0-9_\-])"),  # Replicate
+    ("sk-", r"(?:ant-|proj-)?[A-Za-z0-9_\-]{20,}+(?![A-Za-z0-9_\-])"),  # OpenAI / Anthropic
+    ("nvapi-", r"[A-Za-z0-9_\-]{40,}+(?![A-Za-z0-9_\-])"),  # NVIDIA NGC
+    ("r8_", r"[A-Za-z0-9]{30,}+(?![A-Za-z0-9_\-])"),  # Replicate
     ("npm_", r"[A-Za-z0-9]{36}(?![A-Za-z0-9_\-])"),
-    ("pypi-", r"[A-Za-z0-9_\-]{50,}(?![A-Za-z0-9_\-])"),
+    ("pypi-", r"[A-Za-z0-9_\-]{50,}+(?![A-Za-z0-9_\-])"),
     ("dckr_pat_", r"[A-Za-z0-9_\-]{20,}"),  # Docker Hub
     ("dop_v1_", r"[a-f0-9]{64}(?![A-Za-z0-9_\-])"),  # DigitalOcean
     ("hv", r"[sbr]\.[A-Za-z0-9_\-]{24,}"),  # HashiCorp Vault
     ("SG.", r"[A-Za-z0-9_\-]{22}\.[A-Za-z0-9_\-]{43}(?![A-Za-z0-9_\-])"),  # SendGrid
-    ("sk_", r"(?:live|test)_[0-9a-zA-Z]{24,}(?![A-Za-z0-9_\-])"),  # Stripe
-    ("rk_", r"(?:live|test)_[0-9a-zA-Z]{24,}(?![A-Za-z0-9_\-])"),  # Stripe restricted key
-    ("eyJ", r"[A-Za-z0-9_\-]{8,}\.eyJ[A-Za-z0-9_\-]{8,}\.[A-Za-z0-9_\-]{8,}"),  # JWT
+    ("sk_", r"(?:live|test)_[0-9a-zA-Z]{24,}+(?![A-Za-z0-9_\-])"),  # Stripe
+    ("rk_", r"(?:live|test)_[0-9a-zA-Z]{24,}+(?![A-Za-z0-9_\-])"),  # Stripe restricted key
+    ("eyJ", r"[A-Za-z0-9_\-]{8,}+\.eyJ[A-Za-z0-9_\-]{8,}+\.[A-Za-z0-9_\-]{8,}"),  # JWT
 ]
-_TOKENS = re.compile("|".join(rf"\b{re.escape(head)}{tail}" for head, tail in _TOKEN_FORMATS))
+_TOKENS = re.compile(
+    "|".join(rf"(?<![\w\-]){re.escape(head)}{tail}" for head, tail in _TOKEN_FORMATS)
+)
 # Formats known by what surrounds them (kept as they are).
 _TOKENS_IN_CONTEXT = re.compile(
     "|".join(
@@ -315,7 +321,7 @@ def _starts_line(text: str, at: int) -> bool:
 # secret on its own line), with upper and lower case and digits: a hash in hex is not one.
 _KEY_LINE = re.compile(r"(?m)^([ \t]*)([A-Za-z0-9+/]{40,4096}={0,2})([ \t]*\r?)$")
 _PEM_END = re.compile(r"-----END [A-Z ]*PRIVATE KEY(?: BLOCK)?-----")
-_BASE64_LINE = re.compile(r"[ \t]*[A-Za-z0-9+/=]{4,4096}[ \t]*\r?")
+_BASE64_LINE = re.compile(r"(?<![ \t])[ \t]*+[A-Za-z0-9+/=]{4,4096}+[ \t]*+\r?")
 
 
 def _redact_key_lines(text: str) -> str:
