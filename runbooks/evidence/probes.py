@@ -130,14 +130,14 @@ def parse_ulimit(text: str, source: str = "containers/exec-ulimit.txt") -> Ulimi
             elif stack is None:
                 stack = value
             continue
-        value = _value_after(_ULIMIT_L, raw)
-        if value is not None and memlock is None:
-            memlock = value
+        kb = _value_after(_ULIMIT_L, raw)
+        if kb is not None and memlock is None:
+            memlock = kb
             memlock_line = Line(source=source, line=number, text=raw.strip())
             continue
-        value = _value_after(_ULIMIT_S, raw)
-        if value is not None and stack is None:
-            stack = value
+        kb = _value_after(_ULIMIT_S, raw)
+        if kb is not None and stack is None:
+            stack = kb
     findings: tuple[Finding, ...] = ()
     if memlock is None and stack is None and text.strip():
         findings = (
