@@ -130,30 +130,37 @@ def _release(lease: str) -> None:
         log.warning("releasing a fleet lock failed (%s): it expires by itself", type(exc).__name__)
 
 
-def read_document(key: str) -> Any | None:
-    """The newest version of the artifact `key`, or None when there is none."""
+DOCUMENT_TYPE = "cudamedic-state"
+READ_BACK = 50  # versions walked back past newer ones that are not a readable document
+
+
+def read_document(key: str, readable: Callable[[Any], bool]) -> tuple[Any | None, int]:
+    """The newest version of the artifact `key` that is cudamedic's own type and `readable`
+    (anyone who can write to the Prefect API can add a version under the key), and how many
+    newer versions were passed over. (None, n > 0): versions exist, none readable."""
     with get_client(sync_client=True) as client:
         found = client.read_artifacts(
             artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[key])),
             sort=ArtifactSort.CREATED_DESC,
-            limit=1,
+            limit=READ_BACK,
         )
-    if not found:
-        return None
-    data = found[0].data
-    if isinstance(data, str):  # the server may hand JSON back as text
-        try:
-            return json.loads(data)
-        except ValueError:
-            return None
-    return data
+    for passed, artifact in enumerate(found):
+        data = artifact.data
+        if isinstance(data, str):  # the server may hand JSON back as text
+            try:
+                data = json.loads(data)
+            except (ValueError, RecursionError):
+                continue
+        if artifact.type == DOCUMENT_TYPE and readable(data):
+            return data, passed
+    return None, len(found)
 
 
 def write_document(key: str, data: Any, description: str) -> None:
     """A new version of the artifact `key`; versions past `KEEP_VERSIONS` are deleted."""
     with get_client(sync_client=True) as client:
         client.create_artifact(
-            ArtifactCreate(key=key, type="cudamedic-state", description=description, data=data)
+            ArtifactCreate(key=key, type=DOCUMENT_TYPE, description=description, data=data)
         )
         versions = client.read_artifacts(
             artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[key])),
@@ -174,17 +181,37 @@ def sweep_state_key(settings: Settings) -> str:
 def sweep_state(settings: Settings) -> Iterator[tuple[State, Callable[[State], None]]]:
     """The fleet's previous sweep state under the fleet-wide lock (two sweeps never interleave),
     and a function that stores the new one. Hosts not swept this time keep their state. The first
-    time, a `STATE_DIR/sweep-state.json` left by an older cudamedic is taken over."""
+    time, a `STATE_DIR/sweep-state.json` left by an older cudamedic is taken over.
+
+    Newer versions under the key that are not a readable state (not cudamedic's type, not a
+    state: written by anyone with API access, or cut) are passed over with a warning; when no
+    version can be read, nothing is saved (a new state would forget every host this sweep did
+    not check)."""
     key = sweep_state_key(settings)
     with fleet_lock("sweep-state", settings):
-        stored = read_document(key)
+        stored, passed = read_document(key, _is_state)
+        if passed:
+            log.warning(
+                "the sweep state %s: %d newer version(s) are not a state cudamedic can read; %s",
+                key,
+                passed,
+                "read the newest one that is" if stored is not None else "none can be read",
+            )
         before = parse_state(stored) if stored is not None else _legacy(settings)
+        lost = stored is None and passed > 0
 
         def save(seen: State) -> None:
+            if lost:
+                log.warning("the sweep state %s was not saved: its last state is unreadable", key)
+                return
             data = {"updated_at": datetime.now(UTC).isoformat(), "hosts": {**before, **seen}}
             write_document(key, data, f"Fleet {settings.fleet}: what the last sweep saw per host")
 
         yield before, save
+
+
+def _is_state(data: Any) -> bool:
+    return isinstance(data, dict) and isinstance(data.get("hosts"), dict)
 
 
 def _legacy(settings: Settings) -> State:
