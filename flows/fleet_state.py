@@ -219,6 +219,11 @@ def _legacy(settings: Settings) -> State:
     return read_state_file(path) if path.exists() else {}
 
 
+def _expired(value: Any) -> bool:
+    until = value.get("until", 0) if isinstance(value, dict) else 0
+    return isinstance(until, int | float) and until < time.time()
+
+
 class Memory:
     """Requests already handled (signatures, retried commands, button clicks), for every replica
     and across restarts: one Prefect Variable per key, created only when absent, so the Prefect
@@ -228,6 +233,8 @@ class Memory:
     started without Prefect anyway)."""
 
     TAG = "cudamedic-seen"
+    PAGE = 200  # the Prefect API's largest page
+    PRUNE_MAX = 100_000  # keys looked at by one prune
     QUIET_S = 30.0
     PRUNE_S = 600.0  # forget keys past their time at most this often (any user of the memory)
 
@@ -254,10 +261,23 @@ class Memory:
             _prefect("POST", "/variables/", {"name": name, "value": value, "tags": [self.TAG]})
         except urllib.error.HTTPError as exc:
             if exc.code == 409:  # already there: seen before, here or by another replica
-                return False
+                return self._expired_taken(name, value)
             self._unavailable(f"HTTP {exc.code}")
         except (OSError, ValueError, LookupError) as exc:
             self._unavailable(type(exc).__name__)
+        return True
+
+    def _expired_taken(self, name: str, value: dict[str, int]) -> bool:
+        """A key whose time is past (not pruned yet) is new again: replaced, once."""
+        path = f"/variables/name/{urllib.parse.quote(name)}"
+        try:
+            old = _prefect("GET", path, timeout=self.timeout)
+            if not _expired(old.get("value") if isinstance(old, dict) else None):
+                return False
+            _prefect("DELETE", path, timeout=self.timeout)
+            _prefect("POST", "/variables/", {"name": name, "value": value, "tags": [self.TAG]})
+        except (OSError, ValueError, LookupError):  # HTTPError 409: another replica took it
+            return False
         return True
 
     def _unavailable(self, why: str) -> None:
@@ -266,15 +286,17 @@ class Memory:
 
     @classmethod
     def prune(cls) -> int:
-        """Forget keys past their time; returns how many."""
-        found = _prefect(
-            "POST", "/variables/filter", {"variables": {"tags": {"all_": [cls.TAG]}}, "limit": 200}
-        )
-        gone = 0
-        for var in found if isinstance(found, list) else []:
-            value = var.get("value") if isinstance(var, dict) else None
-            until = value.get("until", 0) if isinstance(value, dict) else 0
-            if isinstance(until, int | float) and until < time.time():
-                _prefect("DELETE", f"/variables/name/{urllib.parse.quote(str(var['name']))}")
-                gone += 1
-        return gone
+        """Forget keys past their time, on every page of the memory (all read first: deleting
+        shifts the pages); returns how many."""
+        expired: list[str] = []
+        for offset in range(0, cls.PRUNE_MAX, cls.PAGE):
+            body = {"variables": {"tags": {"all_": [cls.TAG]}}, "limit": cls.PAGE, "offset": offset}
+            found = _prefect("POST", "/variables/filter", body, 5.0)
+            page = [v for v in found if isinstance(v, dict)] if isinstance(found, list) else []
+            expired += [str(v.get("name")) for v in page if _expired(v.get("value"))]
+            if len(page) < cls.PAGE:
+                break
+        for name in expired:
+            with contextlib.suppress(urllib.error.HTTPError):  # gone already: another replica
+                _prefect("DELETE", f"/variables/name/{urllib.parse.quote(name)}")
+        return len(expired)
