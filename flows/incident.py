@@ -495,7 +495,7 @@ def _approve_and_apply(run: _Run, prepared: Prepared, approved_by: str | None) -
     progress.end("approval", said)
     if decision.decision == "reject":
         return _Result("rejected", f"rejected by {decision.by}; nothing was changed", None, said)
-    why_not = refusal(plan, tags, policy, run.settings, confirmed=True)
+    why_not = refusal(plan, tags, policy, run.settings, confirmed=True, unattended=unattended)
     if why_not is not None:
         run.mark("refused", why_not)
         return _Result("refused", why_not, None, said)
