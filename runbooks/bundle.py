@@ -286,8 +286,11 @@ def _extract_tar(path: Path, dest: Path) -> list[Finding]:
 
 def write_tar(bundle_dir: Path) -> Path:
     """Pack a bundle directory as <dir>.tar.gz beside it."""
+    from runbooks.private import write_private
+
     target = bundle_dir.with_name(bundle_dir.name + ".tar.gz")
-    with tarfile.open(target, "w:gz") as tar:
+    write_private(target, b"")  # 0600 before a byte of evidence is in it
+    with target.open("r+b") as f, tarfile.open(fileobj=f, mode="w:gz") as tar:
         tar.add(bundle_dir, arcname=bundle_dir.name)
     return target
 
