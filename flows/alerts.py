@@ -6,7 +6,11 @@ RunDeployment action, in open-source Prefect) starts a response for that host.
 `cudamedic alerts` runs the receiver: loopback by default, a bearer token required
 (``CUDAMEDIC_ALERT_TOKEN``), bodies capped, each alert (Alertmanager's fingerprint + start time)
 announced once however often Alertmanager repeats it; alerts for hosts outside the inventory
-are answered but never acted on.
+are answered but never acted on. One response per host per `HOST_WINDOW_S`: a later alert for a
+host (in the same request or not) is announced as ``cudamedic.alert.joined`` (on the host's
+resource, beside the response it joins) and starts nothing. Every label and annotation used is
+redacted before it is cut, and cut at a word boundary: an alert's text reaches a Prefect event
+and a flow run's parameters.
 """
 
 from __future__ import annotations
@@ -34,6 +38,10 @@ from runbooks.redact import redact_text
 log = logging.getLogger(__name__)
 
 EVENT = "cudamedic.alert.firing"
+JOINED = "cudamedic.alert.joined"
+HOST_WINDOW_S = 900  # one response per host in this window; later alerts join it
+SUMMARY_MAX = 1000
+_CONTAINER = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
 RESOURCE_PREFIX = "cudamedic.host."
 MAX_BODY = 1 << 20
 # Labels that name the host, most specific first (DCGM exporter: Hostname; node exporter:
@@ -63,23 +71,31 @@ def parse_alertmanager(body: Any, inventory: Inventory) -> list[Alert]:
             continue
         labels = {**common, **_mapping(raw.get("labels"))}
         notes = _mapping(raw.get("annotations"))
-        alertname = str(labels.get("alertname") or "alert")[:200]
-        summary = redact_text(
-            str(notes.get("summary") or notes.get("description") or alertname)[:1000]
-        )
+        alertname = _clean(labels.get("alertname") or "alert", 200)
+        summary = _clean(notes.get("summary") or notes.get("description") or alertname, SUMMARY_MAX)
         fingerprint = str(raw.get("fingerprint") or json.dumps(labels, sort_keys=True))
-        container = labels.get("container") or labels.get("container_name")
+        named = str(labels.get("container") or labels.get("container_name") or "")
         out.append(
             Alert(
                 host=_host(labels, inventory),
                 status=str(raw.get("status") or body.get("status") or "firing"),
                 alertname=alertname,
                 summary=summary,
-                container=str(container) if container else None,
+                container=named if _CONTAINER.fullmatch(named) else None,
                 key=f"{fingerprint}@{raw.get('startsAt', '')}",
             )
         )
     return out
+
+
+def _clean(value: Any, limit: int) -> str:
+    """Redacted, then cut at a word boundary (a cut before redaction left half a token)."""
+    text = redact_text(str(value)[: 64 * limit])  # bounded work; the cut below drops the rest
+    if len(text) <= limit:
+        return text
+    cut = text[: limit - 1]
+    space = cut.rfind(" ")
+    return (cut[:space] if space > limit // 2 else cut) + "…"
 
 
 def _mapping(value: Any) -> dict[str, Any]:
@@ -143,13 +159,14 @@ class Seen:
             return True
 
 
-def announce(alert: Alert) -> None:
-    """Emit the Prefect event the incident-response deployment's trigger waits for."""
+def announce(alert: Alert, event: str = EVENT) -> None:
+    """Emit the Prefect event the incident-response deployment's trigger waits for (`JOINED`:
+    an alert for a host whose response already runs, for the host's event feed)."""
     from prefect.events import emit_event
 
     assert alert.host is not None
     emit_event(
-        event=EVENT,
+        event=event,
         resource={
             "prefect.resource.id": RESOURCE_PREFIX + alert.host,
             "cudamedic.host": alert.host,
@@ -188,6 +205,9 @@ def receive(body: bytes, inventory: Inventory, seen: FirstTime) -> tuple[int, di
             ignored.append({"alert": a.alertname, "why": "no inventory host"})
         elif not seen.first_time(a.key):
             ignored.append({"alert": a.alertname, "why": "already announced"})
+        elif not seen.first_time(f"host:{a.host}@{int(time.time() // HOST_WINDOW_S)}"):
+            announce(a, JOINED)  # one response per host in the window: this one joins it
+            ignored.append({"alert": a.alertname, "why": "joined the host's response"})
         else:
             announce(a)
             started.append({"alert": a.alertname, "host": a.host})

@@ -37,10 +37,10 @@ from flows.notify import Notifier
 from flows.slack_delivery import thread_for
 from reports import slack as slack_msg
 from runbooks import breaker, progress
-from runbooks.approvals import identity
+from runbooks.approvals import identity, started_by_cli, take_up_front
 from runbooks.classify import classify_path
 from runbooks.collect import collect, missing_container
-from runbooks.errors import CudamedicError
+from runbooks.errors import CudamedicError, InputError
 from runbooks.fixer import (
     Prepared,
     effective_policy,
@@ -355,6 +355,14 @@ class _Run:
         triggered = f"{detected_by} by {approved_by or who()}"
         settings = load_settings()
         inventory = load_inventory(settings.inventory) if settings.inventory else None
+        here = started_by_cli(flow_run.get_name())
+        if not here and (inventory is None or target not in inventory.hosts):
+            # a run created through the Prefect API (an event's target, a deployment run): only
+            # an inventory host, never `local` or an ssh:// address anyone could name (issue 27)
+            raise InputError(
+                f"{target[:100]!r} is not an inventory host: a response started through the "
+                "Prefect API (an alert event, a deployment run) may only target one"
+            )
         tgt = resolve_target(target, inventory)
         run_id = str(flow_run.get_id() or "") or None
         tag_run(run_id, f"host:{tgt.name}")
@@ -487,7 +495,7 @@ def _approve_and_apply(run: _Run, prepared: Prepared, approved_by: str | None) -
     progress.end("approval", said)
     if decision.decision == "reject":
         return _Result("rejected", f"rejected by {decision.by}; nothing was changed", None, said)
-    why_not = refusal(plan, tags, policy, run.settings, confirmed=True)
+    why_not = refusal(plan, tags, policy, run.settings, confirmed=True, unattended=unattended)
     if why_not is not None:
         run.mark("refused", why_not)
         return _Result("refused", why_not, None, said)
@@ -515,9 +523,11 @@ def _decision_without_waiting(
     (behind the breaker); (None, False) when a person must answer."""
     assert prepared.plan is not None
     policy = effective_policy(run.settings, run.book)
-    if approved_by:
+    if approved_by and take_up_front(flow_run.get_name(), approved_by):
         up_front = Approval(decision="approve", by=approved_by, reason="approved up front")
         return _judged(run, prepared, up_front), False
+    if approved_by:  # a parameter of a run created through the Prefect API: nobody was asked
+        run.mark("up-front approval ignored", "approved_by counts only for a CLI run in-process")
     if policy.allows_unattended(prepared.plan.incident, tags):
         allowed, why = admit_unattended(run.book)
         if allowed:

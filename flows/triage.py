@@ -21,6 +21,7 @@ from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterName
 from prefect.exceptions import ObjectNotFound
 
 from flows.incident import Approval, Response, incident_response, response_name
+from runbooks.approvals import cli_run
 from runbooks.errors import InputError
 from runbooks.redact import redact_text
 
@@ -41,6 +42,8 @@ def triage(
     # The flow's own name plus a unique suffix: how this command finds its paused run.
     name = f"{response_name(target, container)}-{uuid.uuid4().hex[:6]}"
     box: dict[str, Any] = {}
+
+    cli_run(name, approved_by)  # `local`, ssh:// and approved_by: for this run only
 
     def run() -> None:
         try:

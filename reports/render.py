@@ -136,7 +136,7 @@ _SIGNATURE_IDS = re.compile(
 def for_people(text: str) -> str:
     """A diagnosis summary without the classifier's internal signature ids."""
     out = _SIGNATURE_IDS.sub("", text)
-    return re.sub(r"\s+([.;,])", r"\1", re.sub(r"Why:\s*\.", "", out)).strip()
+    return re.sub(r"(?<!\s)\s++([.;,])", r"\1", re.sub(r"Why:\s*\.", "", out)).strip()
 
 
 def prose(text: str) -> str:

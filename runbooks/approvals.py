@@ -10,6 +10,12 @@ typed in the UI. The rule, when any approver is configured:
   (asked of Slack by the caller) a member of `slack_approver_groups`/`slack_approver_channels`;
 - four-eyes (`four_eyes`, default `slack_four_eyes`): it is not the response's requester.
 
+An up-front approval (`approved_by`, `cudamedic triage --yes`) counts only for a run that the CLI
+started in this very process (`cli_run` before the run, `take_up_front` in the flow): a flow run
+created through the Prefect API (an alert event, a deployment run on a worker) carries the
+parameter but not the grant, so whoever can write to the Prefect API approves nothing by naming
+someone. Such a run may also only target an inventory host (`started_by_cli`).
+
 With no approver configured anywhere, every answer is taken (one operator on one machine), and
 audited with its identity like any other. Pure: no I/O beyond reading this process's OS user.
 """
@@ -17,11 +23,35 @@ audited with its identity like any other. Pure: no I/O beyond reading this proce
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Callable
 
 from runbooks.settings import Settings
 
 OS_PREFIX = "os:"
+# flow run name -> who approved up front ("" for nobody): the runs this process's CLI started
+_CLI_RUNS: dict[str, str] = {}
+_CLI_RUNS_LOCK = threading.Lock()
+
+
+def cli_run(run_name: str, approved_by: str | None) -> None:
+    """The CLI is about to start the run `run_name` (unique) in this process."""
+    with _CLI_RUNS_LOCK:
+        _CLI_RUNS[run_name] = approved_by or ""
+
+
+def started_by_cli(run_name: str | None) -> bool:
+    with _CLI_RUNS_LOCK:
+        return run_name is not None and run_name in _CLI_RUNS
+
+
+def take_up_front(run_name: str | None, by: str) -> bool:
+    """True once when this process's CLI approved the run `run_name` up front as `by`."""
+    with _CLI_RUNS_LOCK:
+        if run_name is None or not by or _CLI_RUNS.get(run_name) != by:
+            return False
+        _CLI_RUNS[run_name] = ""
+        return True
 
 
 def os_user() -> str:

@@ -14,6 +14,12 @@ from datetime import datetime
 from typing import Any
 
 log = logging.getLogger(__name__)
+FLEET_LABEL = "cudamedic.fleet"  # a label of the event's resource: the count filters on it
+
+
+class CountUnknown(Exception):
+    """More fix events than one count reads: the count is unknown (a flood, forged or real)."""
+
 
 PREFIX = "cudamedic."
 # Audit actions as event names; any other action `a` is `cudamedic.a`.
@@ -46,6 +52,8 @@ def emit(record: dict[str, Any]) -> None:
         resource = {"prefect.resource.id": host_resource(host)}
         if host:
             resource["prefect.resource.name"] = host
+        if record.get("fleet"):
+            resource[FLEET_LABEL] = str(record["fleet"])
         emit_event(
             event=event_name(str(record["action"])),
             resource=resource,
@@ -126,13 +134,17 @@ def read(
 
 def applied_in_fleet(fleet: str, since: datetime, max_pages: int = 20) -> int | None:
     """How many `cudamedic.fix.applied` events of this fleet the Prefect server holds since
-    `since`; None when it cannot be asked (no API, down, slow: 2 s per call, no retries)."""
+    `since` (the server filters on the fleet label: another fleet's events, or a flood of
+    them, never take this fleet's pages); None when it cannot be asked (no API, down, slow: 2 s
+    per call, no retries). CountUnknown when there are more than `max_pages` pages: a count cut
+    short would loosen the cap."""
     from runbooks.prefect_api import call
 
     body = {
         "filter": {
             "occurred": {"since": since.isoformat()},
             "event": {"name": [event_name("apply")]},
+            "resource": {"labels": {FLEET_LABEL: [fleet]}},
         },
         "limit": 50,
     }
@@ -148,8 +160,10 @@ def applied_in_fleet(fleet: str, since: datetime, max_pages: int = 20) -> int | 
                     count += 1
             nxt = page.get("next_page")
             if not isinstance(nxt, str) or "/events/filter/next" not in nxt:
-                break
+                return count
             page = call("GET", "/events/filter/next" + nxt.split("/events/filter/next", 1)[1])
+        if isinstance(page, dict):
+            raise CountUnknown(f"more than {count} fix events in the window")
     except (OSError, ValueError, LookupError) as exc:
         log.warning("fleet-wide fix count unavailable: %s", type(exc).__name__)
         return None
@@ -163,7 +177,7 @@ def parse_since(text: str, now: datetime) -> datetime:
 
     from runbooks.errors import InputError
 
-    if m := re.fullmatch(r"\s*(\d{1,6})\s*([smhd])\s*", text):
+    if m := re.fullmatch(r"(\d{1,6})[ \t]*+([smhd])", text.strip()):
         unit = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days"}[m.group(2)]
         return now - timedelta(**{unit: int(m.group(1))})
     try:
@@ -184,4 +198,6 @@ def line(record: dict[str, Any]) -> str:
     said = [f"{k}={record[k]}" for k in ("decision", "outcome", "refusal") if record.get(k)]
     parts = [str(record.get("occurred", record.get("at", ""))), str(record.get("event", ""))]
     parts += [where or "-", f"by {who}" if who else f"({record.get('who', '')})", *said]
-    return terminal_safe("  ".join(parts))
+    # one event, one line: a newline in a field (anyone can emit events) is shown, not printed
+    text = "  ".join(parts).replace("\n", "\\n").replace("\u2028", "\\u2028")
+    return terminal_safe(text.replace("\u2029", "\\u2029"))

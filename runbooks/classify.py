@@ -429,8 +429,8 @@ def health_evidence(facts: Facts) -> list[Line]:
 
 # A log line reporting progress: a loss, a step/epoch/iteration counter, a throughput.
 _PROGRESS = re.compile(
-    r"(?i)(['\"]?loss['\"]?\s*[:=]\s*[0-9.]+|\b(epoch|step|iter(ation)?)\b\s*[:=#]?\s*\[?[0-9]+|"
-    r"[0-9.]+\s*(it/s|s/it|samples/s|tokens/s|img/s))"
+    r"(?i)(['\"]?loss['\"]?\s*+[:=]\s*+[0-9.]++|\b(epoch|step|iter(ation)?)\b\s*+[:=#]?\s*+\[?[0-9]+|"
+    r"(?<![0-9.])[0-9.]++\s*+(it/s|s/it|samples/s|tokens/s|img/s))"
 )
 
 

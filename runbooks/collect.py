@@ -26,6 +26,7 @@ from runbooks.errors import ContainerNotFound, CudamedicError, InputError, Targe
 from runbooks.evidence.docker_inspect import facts_from_dict
 from runbooks.evidence.nvidia_smi import parse_nvidia_smi
 from runbooks.model import Finding
+from runbooks.private import private_dir, write_private
 from runbooks.redact import redact_json, redact_text
 from runbooks.remote.docker import DockerEngine
 from runbooks.remote.runner import CommandResult, CommandRunner, LocalRunner
@@ -57,7 +58,7 @@ class _Writer:
         path = self.root.joinpath(*parts)
         if self.root.resolve() not in path.resolve().parents:
             raise InputError(f"refused to write {names.display(rel)!r}: outside the bundle")
-        path.parent.mkdir(parents=True, exist_ok=True)
+        private_dir(path.parent)
         return path
 
     def text(self, rel: str, data: bytes | str) -> None:
@@ -77,10 +78,10 @@ class _Writer:
         else:
             raw = data
         clean = redact_text(raw)
-        self._path(rel).write_bytes(clean.encode("utf-8", errors="surrogateescape"))
+        write_private(self._path(rel), clean.encode("utf-8", errors="surrogateescape"))
 
     def json(self, rel: str, data: Any) -> None:
-        self._path(rel).write_text(dumps_json(redact_json(data)), encoding="utf-8")
+        write_private(self._path(rel), dumps_json(redact_json(data)).encode("utf-8"))
 
     def add(self, result: SourceResult) -> None:
         self.sources.append(result)
@@ -414,8 +415,8 @@ def _new_dir(path: Path) -> Path:
     for n in range(1, 100):
         candidate = path if n == 1 else path.with_name(f"{path.name}-{n}")
         try:
-            candidate.mkdir(parents=True, exist_ok=False)
-            return candidate
+            private_dir(candidate.parent)
+            return private_dir(candidate, exist_ok=False)
         except FileExistsError:
             continue
         except OSError as exc:
@@ -459,7 +460,7 @@ def collect(
         findings=tuple(writer.findings),
     )
     tmp = root / "bundle.json.tmp"
-    tmp.write_text(meta.model_dump_json(indent=2) + "\n", encoding="utf-8")
+    write_private(tmp, (meta.model_dump_json(indent=2) + "\n").encode("utf-8"))
     os.replace(tmp, root / "bundle.json")
     return root
 

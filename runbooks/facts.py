@@ -393,7 +393,7 @@ def _key_lines(text: str, source: str) -> dict[str, Line]:
 
 def _container(bundle: Bundle, name: str) -> ContainerFacts:
     base = f"containers/{name}"
-    facts = ContainerFacts(name=name, has_log=f"{base}.log" in bundle.names())
+    facts = ContainerFacts(name=name, has_log=bundle.has(f"{base}.log"))
     if (text := bundle.files.get(f"{base}.inspect.json")) is not None:
         facts.inspect = parse_inspect(text, f"{base}.inspect.json")
         facts.inspect_lines = _key_lines(text, f"{base}.inspect.json")

@@ -151,15 +151,29 @@ def _image_env(engine: DockerEngine, image_id: str) -> list[str]:
 
 
 def refusal(
-    plan: FixPlan, tags: tuple[str, ...], policy: Policy, settings: Settings, confirmed: bool
+    plan: FixPlan,
+    tags: tuple[str, ...],
+    policy: Policy,
+    settings: Settings,
+    confirmed: bool,
+    unattended: bool = False,
 ) -> str | None:
-    """Why this fix may not run now, or None. `confirmed`: --yes or an interactive yes."""
+    """Why this fix may not run now, or None. `confirmed`: --yes or an interactive yes.
+    `unattended`: no person approved it. The fleet-wide count in Prefect (events anyone with
+    API access can emit) gates unattended fixes only, and one it cannot read whole refuses
+    them; a person's fix is counted against this machine's audit log."""
     if not confirmed and not policy.allows_unattended(plan.incident, tags):
         return (
             "--apply needs --yes (or an interactive confirmation), or a policy that allows "
             f"unattended {plan.incident} fixes on this host's tags {list(tags)}"
         )
-    recent = applied_within(settings.state_path, timedelta(hours=1), settings.fleet)
+    from runbooks.audit import CountUnknown
+
+    fleet = settings.fleet if unattended or not confirmed else None
+    try:
+        recent = applied_within(settings.state_path, timedelta(hours=1), fleet)
+    except CountUnknown as exc:
+        return f"the fleet's fix count is unknown ({exc}): unattended fixes are refused"
     if recent >= policy.max_fixes_per_hour:
         return (
             f"blast-radius limit: {recent} fixes applied in the last hour (policy allows "

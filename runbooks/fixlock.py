@@ -113,6 +113,24 @@ def record_from_labels(labels: dict[str, Any] | None) -> FixRecord | None:
         return None
 
 
+def foreign(record: FixRecord, name: str) -> str | None:
+    """Why a record read from the target is not a record of a fix of container `name` (labels
+    are whatever anyone put there: a crafted `web-cudamedic-fix-lock` naming `db` made the
+    recovery of `web` remove `db`), or None when it is."""
+    stamp = r"-\d{8}T\d{6}Z"
+    if record.name != name:
+        return f"it names container {record.name[:80]!r}, not {name!r}"
+    if not re.fullmatch(re.escape(name) + "-cudamedic-backup" + stamp, record.backup):
+        return f"its backup {record.backup[:120]!r} is not a backup name of {name!r}"
+    if record.replaced is not None and not re.fullmatch(
+        re.escape(name) + "-cudamedic-replaced" + stamp, record.replaced
+    ):
+        return f"its replacement name {record.replaced[:120]!r} is not one of {name!r}"
+    if not re.fullmatch(r"[0-9a-f]{12,64}", record.original_id):
+        return "its original container id is not a container id"
+    return None
+
+
 def parse_lock(inspect: dict[str, Any]) -> Lock | None:
     labels = (inspect.get("Config") or {}).get("Labels") or {}
     record = record_from_labels(labels)
@@ -232,6 +250,11 @@ def read(engine: DockerEngine, name: str) -> Lock | None:
         raise FixError(
             f"{engine.where}: {lock_name(name)} exists but is not a lock cudamedic can read; "
             "check it and remove it by hand before fixing that container"
+        )
+    if (why := foreign(lock.record, name)) is not None:
+        raise FixError(
+            f"{engine.where}: {lock_name(name)} is not a lock of a fix of {name}: {why}; "
+            "nothing was changed — check it and remove it by hand"
         )
     return lock
 

@@ -329,7 +329,7 @@ def exclusive_mode_gpus(facts: Facts) -> list[Line]:
     ]
 
 
-_XID_CODE = re.compile(r"Xid\s*(?:\(PCI:[^)]*\))?[\s:,]*(\d{1,3})\b")
+_XID_CODE = re.compile(r"Xid\s*+(?:\(PCI:[^)]{0,64}\))?[\s:,]*+(\d{1,3})\b")
 _PREVIOUS_XID = re.compile(r"\bXid\s*(\d{1,3})\b")
 PINNED_MIN_PROCESSES = 2  # app-type Xids from this many different processes on one GPU...
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import atexit
 import hashlib
 import os
+import secrets
 import shutil
 import tempfile
 import uuid
@@ -45,6 +46,9 @@ os.environ.update(
     }
 )
 os.environ.pop("PREFECT_API_KEY", None)
+# The tests' servers ask for an auth string like the embedded one (flows/server.py): every
+# process of the tests (workers, CLI runs) inherits it.
+os.environ["PREFECT_API_AUTH_STRING"] = "cudamedic-test:" + secrets.token_urlsafe(24)
 
 
 @pytest.fixture(scope="session")
