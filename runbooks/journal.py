@@ -141,12 +141,14 @@ def audit_records(state_dir: Path) -> list[dict[str, Any]]:
 def applied_within(state_dir: Path, window: timedelta, fleet: str | None = None) -> int:
     """How many fixes were applied within the window: fleet-wide from the Prefect server's audit
     events when `fleet` is given and the server answers, never fewer than this machine's own
-    audit log counts (the cap must not loosen when Prefect cannot be asked)."""
+    audit log counts for that fleet (the cap must not loosen when Prefect cannot be asked)."""
     cutoff = now() - window
     local = 0
     for r in audit_records(state_dir):
         if r.get("action") != "apply":
             continue
+        if fleet is not None and r.get("fleet", "default") != fleet:
+            continue  # another fleet's fix (this machine may have served several)
         try:
             at = datetime.fromisoformat(str(r.get("at")))
         except ValueError:
