@@ -581,6 +581,12 @@ def _show_sweep(result: SweepRun, counts: dict[str, int]) -> None:
         subject = f" ({c.subject})" if c.subject else ""
         level = f" [{c.level}]" if c.level else ""
         show(f"  {c.change:8} {c.host}: {c.code}{subject}{level} {c.message[:160]}")
+    for n in result.not_checked:
+        subject = f" ({n.subject})" if n.subject else ""
+        show(
+            f"  {'not checked':11} {n.host}: {n.code}{subject} [{n.level}] {n.why}; "
+            "kept as the last sweep saw it"
+        )
     for run_id in result.responses:
         show(f"  incident response started: flow run {run_id}")
     show(f"report:    {result.report}")
@@ -592,7 +598,7 @@ def _sweep_result(
     result: SweepRun, code: int, counts: dict[str, int], still: dict[str, list[str]]
 ) -> SweepResult:
     """The --json object of `sweep` (docs/cli-json.md)."""
-    from runbooks.cli_json import SweepChange, SweepResult
+    from runbooks.cli_json import SweepChange, SweepNotChecked, SweepResult
 
     return SweepResult(
         exit_code=code,
@@ -611,6 +617,12 @@ def _sweep_result(
                 message=c.message,
             )
             for c in result.changes
+        ],
+        not_checked=[
+            SweepNotChecked(
+                host=n.host, code=n.code, subject=n.subject or None, level=n.level, why=n.why
+            )
+            for n in result.not_checked
         ],
         responses=result.responses,
         report=result.report,

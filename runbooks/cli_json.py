@@ -104,6 +104,14 @@ class SweepChange(BaseModel):
     message: str
 
 
+class SweepNotChecked(BaseModel):
+    host: str
+    code: str
+    subject: str | None = None
+    level: str
+    why: str  # e.g. "nccl-tests did not run", "the host was not reached"
+
+
 class SweepResult(_Result):
     command: Literal["sweep"] = "sweep"
     hosts: int
@@ -112,6 +120,8 @@ class SweepResult(_Result):
     verdicts: dict[str, str]  # host -> healthy | warning | drain
     still: dict[str, list[str]]  # drain, warning -> the hosts that still are
     changes: list[SweepChange]
+    # the last sweep's findings this one could not check, kept as they were
+    not_checked: list[SweepNotChecked] = []
     responses: list[str] = []  # flow run ids of incident responses started
     report: str
     flow_run_url: str | None = None

@@ -81,6 +81,18 @@ def lab() -> Iterator[LabState]:
     yield state
     if not reuse:
         down(state)
+        return
+    # A lab that stays up (`make demo` then `make test`) is left as the tests found it: what a
+    # test made (named t-... or rel-...) and what fixes of it left behind goes.
+    for engine in state.engines.values():
+        client = docker.DockerClient(base_url=engine.url, timeout=60)
+        for c in client.containers.list(all=True):
+            if c.name.startswith(("t-", "rel-")):
+                try:
+                    c.remove(force=True)
+                except docker.errors.NotFound:
+                    pass
+        client.close()
 
 
 @pytest.fixture
@@ -139,10 +151,19 @@ def make_container(gpu_engine: docker.DockerClient) -> Iterator[object]:
 
     yield make
     for client, name in made:
-        try:
-            client.containers.get(name).remove(force=True)
-        except docker.errors.NotFound:
-            pass
+        remove_made(client, name)
+
+
+def remove_made(client: docker.DockerClient, name: str) -> None:
+    """Remove a test's container and what fixes of it left beside it (its backups
+    `NAME-cudamedic-backup-*`, its lock `NAME-cudamedic-fix-lock`): the lab is shared with
+    `make demo`, whose sweeps must see only the problems the lab plants."""
+    for c in client.containers.list(all=True, filters={"name": name}):
+        if c.name == name or c.name.startswith(f"{name}-cudamedic-"):
+            try:
+                c.remove(force=True)
+            except docker.errors.NotFound:
+                pass
 
 
 def pytest_terminal_summary(terminalreporter: object) -> None:
