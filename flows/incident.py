@@ -39,7 +39,7 @@ from reports import slack as slack_msg
 from runbooks import breaker, progress
 from runbooks.approvals import identity
 from runbooks.classify import classify_path
-from runbooks.collect import collect, missing_container
+from runbooks.collect import collect, finding_message, missing_container
 from runbooks.errors import CudamedicError
 from runbooks.fixer import (
     Prepared,
@@ -133,30 +133,39 @@ def tag_run(run_id: str | None, *tags: str) -> None:
 
 
 # Outcomes that are not routine name the run's final state, so a state filter in the Prefect UI
-# finds them; the rest (diagnosed, planned, needs-a-person, recovered) stay "Completed".
-OUTCOME_STATES = {
-    "fixed": "Fixed",
-    "rolled-back": "RolledBack",
-    "rollback-failed": "RollbackFailed",
-    "rejected": "Rejected",
-    "refused": "Refused",
-    "approval-timed-out": "ApprovalTimedOut",
-    "not-applied": "NotApplied",
-    "no-such-container": "NoSuchContainer",
+# finds them; the rest (diagnosed, planned, needs-a-person, recovered) stay "Completed". A fix
+# that failed, a container that does not exist and a host that was not reached are failures:
+# their state's type is FAILED (red in the UI, `prefect flow-run ls --state-type FAILED`), never
+# a green success; a person's or the policy's "no" (rejected, refused, not answered) changed
+# nothing as asked, and stays COMPLETED.
+OUTCOME_STATES: dict[str, tuple[str, bool]] = {  # outcome -> (state name, failed)
+    "fixed": ("Fixed", False),
+    "rolled-back": ("RolledBack", True),
+    "rollback-failed": ("RollbackFailed", True),
+    "rejected": ("Rejected", False),
+    "refused": ("Refused", False),
+    "approval-timed-out": ("ApprovalTimedOut", False),
+    "not-applied": ("NotApplied", True),
+    "no-such-container": ("NoSuchContainer", True),
+    "unreachable": ("Unreachable", True),
 }
 
 
 def finish(response: Response) -> Response:
     """Tag the run with its outcome and end it in the state that names it. Prefect makes a
-    returned State the run's final state and hands its data, the Response, to the caller."""
+    returned State the run's final state and hands its data, the Response, to the caller (a
+    failed one too: `result(raise_on_failure=False)`, flows/triage.py)."""
     tag_run(response.flow_run_id, f"outcome:{response.outcome}")
-    name = OUTCOME_STATES.get(response.outcome)
-    if name is None:
+    named = OUTCOME_STATES.get(response.outcome)
+    if named is None:
         return response
-    from prefect.states import Completed
+    from prefect.states import Completed, Failed
 
+    name, failed = named
     message = f"{response.outcome}: {response.detail}" if response.detail else response.outcome
-    return cast(Response, Completed(name=name, message=message[:500], data=response))
+    end = Failed if failed else Completed
+    state: Any = end(name=name, message=message[:500], data=response)
+    return cast(Response, state)
 
 
 def run_url(run_id: str | None) -> str | None:
@@ -311,8 +320,16 @@ def incident_response(
     diagnosis = _diagnose(run, bundle)
     subject = container or diagnosis.container
     prepared = Prepared(bundle=bundle, diagnosis=diagnosis, recovered=recovered)
-    prepared, no_plan = _plan(run, subject, prepared)
-    result = _Result.before_apply(prepared, no_plan)
+    if (unreached := finding_message(Path(bundle), "target-unreachable")) is not None:
+        result = _Result(
+            "unreachable",
+            f"{run.tgt.name} could not be reached ({unreached}): nothing was checked or changed",
+        )
+        run.mark("not reached", unreached)
+        apply = False
+    else:
+        prepared, no_plan = _plan(run, subject, prepared)
+        result = _Result.before_apply(prepared, no_plan)
     if prepared.plan is not None and apply:
         result = _approve_and_apply(run, prepared, approved_by)
     pm = postmortem(

@@ -44,13 +44,20 @@ def triage(
 
     def run() -> None:
         try:
-            box["result"] = incident_response.with_options(flow_run_name=name)(
+            state = incident_response.with_options(flow_run_name=name)(
                 target=target,
                 container=container,
                 trigger_text=redact_text(trigger) if trigger else None,  # a flow parameter
                 apply=apply,
                 approved_by=approved_by,
+                return_state=True,
             )
+            # A failed response (rolled back, not reached, ...) ends FAILED with its Response as
+            # the state's data; a flow that raised has its exception there instead.
+            result = state.result(raise_on_failure=False)
+            if isinstance(result, BaseException):
+                raise result
+            box["result"] = result
         except BaseException as exc:  # handed to the caller's thread
             box["error"] = exc
 

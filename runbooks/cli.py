@@ -51,6 +51,7 @@ OUTCOME_EXIT = {
     "refused": EXIT_REFUSED,
     "approval-timed-out": EXIT_REFUSED,
     "rolled-back": EXIT_ROLLED_BACK,
+    "unreachable": EXIT_UNREACHABLE,
 }
 JSON_COMMANDS = ("collect", "fix", "triage", "sweep", "audit")
 

@@ -128,7 +128,7 @@ class SweepResult(_Result):
 
 
 class AuditEvent(BaseModel):
-    event: str  # cudamedic.fix.applied, cudamedic.approval.refused, ...
+    event: str  # cudamedic.fix.started, .fix.applied, .fix.failed, .approval.refused, ...
     occurred: str  # ISO 8601, UTC
     record: dict[str, Any]  # the audit record: at, who, action, host, ... (redacted)
 

@@ -162,8 +162,10 @@ def refusal(
     recent = applied_within(settings.state_path, timedelta(hours=1), settings.fleet)
     if recent >= policy.max_fixes_per_hour:
         return (
-            f"blast-radius limit: {recent} fixes applied in the last hour (policy allows "
-            f"{policy.max_fixes_per_hour}); wait, or raise max_fixes_per_hour"
+            f"blast-radius limit: {recent} fix attempt(s) started in fleet {settings.fleet} in "
+            f"the last hour, the policy allows {policy.max_fixes_per_hour}. Every attempt counts, "
+            "a rolled-back or interrupted one too (it stopped and restarted its workload as well); "
+            "wait, or raise max_fixes_per_hour"
         )
     return None
 
@@ -207,13 +209,16 @@ def execute(
         outcome = apply_plan(engine, plan, settings, journal, redact_json(current))
         audit(
             settings.state_path,
-            "outcome",
+            "applied" if outcome.status == "fixed" else "fix-failed",
             host=target.name,
             container=plan.container,
             incident=plan.incident,
             outcome=outcome.status,
             message=outcome.message,
             checks=[c.model_dump() for c in outcome.checks],
+            approved_by=approved_by,
+            unattended=unattended,
+            fleet=settings.fleet,
         )
         if outcome.status != "fixed":
             outcome = outcome.model_copy(

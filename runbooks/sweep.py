@@ -104,7 +104,7 @@ def assess(
     )
     if health.error is not None:
         return HostResult(health=health)
-    d = diagnose(facts, host=name)
+    d = diagnose(facts, host=name, source_status=source_status)
     if d.incident in (Incident.HEALTHY, Incident.UNKNOWN):
         return HostResult(health=health)
     findings = list(health.findings)

@@ -39,7 +39,7 @@ EXPECTED_FIRST_SWEEP = {
 }
 EXPECTED_VERDICTS = "8 hosts in {s} s: 4 drain, 3 warning, 1 healthy"
 # What the final state of a response's flow run must be: (state type, state name).
-EXPECTED_STATES = {"fixed": ("COMPLETED", "Fixed"), "rolled-back": ("COMPLETED", "RolledBack")}
+EXPECTED_STATES = {"fixed": ("COMPLETED", "Fixed"), "rolled-back": ("FAILED", "RolledBack")}
 
 _CHANGE = re.compile(r"^  (new|changed|resolved|still)\s+(\S+): (\S+)(?: \(([^)]*)\))? ")
 _RUN = re.compile(r"^flow run:\s+(\S+)/runs/flow-run/([0-9a-f-]{36})$", re.M)
