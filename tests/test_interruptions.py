@@ -1,0 +1,84 @@
+"""Issue 26, "interruptions, concurrency, hung tools", through the real CLI on the lab and the
+tests' Prefect server: a hung `nvidia-smi` is never joined by another and what we started is
+killed at its timeout; Ctrl-C during a triage cancels its flow run and says what to do next;
+`approve` of a run that can no longer act says so; a second triage of a container whose fix
+holds the lock stops at once."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+from tests.lab.lab import LabState
+from tests.test_fix import CLI, SHM_WORKLOAD, fix_settings, volume  # noqa: F401 - fixtures
+from tests.test_flows import (  # noqa: F401 - fixture
+    GPUS_ALL,
+    cudamedic,
+    env,
+    flow_run_of,
+    run_id_of,
+)
+
+
+def smi_processes(lab: LabState, host: str) -> list[int]:
+    """The pids of the simulated host's `nvidia-smi` (its script) that still run."""
+    script = f"{lab.hosts[host].data.rsplit('/', 1)[0]}/bin/nvidia-smi"
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            argv = (proc / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if script.encode() in argv[:2]:
+            found.append(int(proc.name))
+    return found
+
+
+def _sweep_hang(env: dict[str, str]) -> tuple[dict[str, Any], dict[str, Any]]:  # noqa: F811
+    """Sweep gpu-hang: (the --json result, its bundle's nvidia-smi source)."""
+    out = cudamedic(env, "sweep", "--host", "gpu-hang", "--json")
+    assert out.returncode == 0, out.stdout + out.stderr
+    newest = sorted(Path(env["CUDAMEDIC_OUT_DIR"], "sweeps").glob("*/gpu-hang-*"))[-1]
+    sources = json.loads((newest / "bundle.json").read_text())["sources"]
+    return json.loads(out.stdout), next(s for s in sources if s["name"] == "nvidia-smi")
+
+
+def test_a_hung_nvidia_smi_is_never_joined_and_ours_is_killed(
+    env: dict[str, str],  # noqa: F811
+    lab: LabState,
+) -> None:
+    """Each sweep of the hung-nvidia-smi host left three more hung processes on it (80 after an
+    afternoon): now one is started, and killed when its timeout passes; while one started by
+    anyone else still runs, none is started at all."""
+    before = set(smi_processes(lab, "gpu-hang"))
+    result, smi = _sweep_hang(env)
+    assert result["verdicts"] == {"gpu-hang": "drain"}
+    assert smi["status"] == "timeout" and "killed it" in smi["error"], smi
+    deadline = time.monotonic() + 10  # the host's `timeout` sends SIGKILL 2 s after SIGTERM
+    while set(smi_processes(lab, "gpu-hang")) - before and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert set(smi_processes(lab, "gpu-hang")) - before == set()
+
+    script = f"{lab.hosts['gpu-hang'].data.rsplit('/', 1)[0]}/bin/nvidia-smi"
+    hung = subprocess.Popen([script, "-q"], start_new_session=True)  # someone else's, hung
+    try:
+        time.sleep(1)
+        started = time.monotonic()
+        result, smi = _sweep_hang(env)
+        assert result["verdicts"] == {"gpu-hang": "drain"}
+        assert smi["status"] == "timeout", smi
+        assert smi["error"].startswith(
+            f"not started: an nvidia-smi started earlier still runs on the host: pid {hung.pid}"
+        ), smi
+        assert time.monotonic() - started < 25  # no 10 s timeout waited out per command
+        assert set(smi_processes(lab, "gpu-hang")) - before == {hung.pid}
+    finally:
+        os.killpg(hung.pid, signal.SIGKILL)
+        hung.wait(timeout=10)
