@@ -52,6 +52,7 @@ OUTCOME_EXIT = {
     "approval-timed-out": EXIT_REFUSED,
     "rolled-back": EXIT_ROLLED_BACK,
     "unreachable": EXIT_UNREACHABLE,
+    "locked": EXIT_REFUSED,
 }
 JSON_COMMANDS = ("collect", "fix", "triage", "sweep", "audit")
 
@@ -401,6 +402,10 @@ def cmd_triage(args: argparse.Namespace) -> int:
         from runbooks.errors import NoSuchContainer
 
         raise NoSuchContainer(response.detail)
+    if response.outcome == "locked":  # nothing was written: the fix that holds it reports
+        from runbooks.errors import FixLocked
+
+        raise FixLocked(response.detail)
     _say_failures(response.host, Path(response.bundle))
     reason, failed = _failures(Path(response.bundle))
     _show_response(response)

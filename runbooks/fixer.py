@@ -14,9 +14,10 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from runbooks import fixlock
 from runbooks.classify import classify_path
 from runbooks.collect import collect, engine_session, missing_container
-from runbooks.errors import CudamedicError, FixError, NoSuchContainer
+from runbooks.errors import CudamedicError, FixError, FixLocked, NoSuchContainer
 from runbooks.fixes import plan_fix
 from runbooks.fixlock import docker_time
 from runbooks.journal import Journal, applied_within, audit, container_lock, now, who
@@ -102,6 +103,12 @@ def plan_for(
     """The fix plan for `container` from its diagnosis (None when there is no safe fix)."""
     container = container_name(container)
     with engine_session(target, settings) as engine:
+        if (held := fixlock.read(engine, container)) is not None:
+            raise FixLocked(
+                f"another fix of {target.name}/{container} holds its lock on the target (held "
+                f"by {held.holder.who}); nothing was done: wait for it, then respond again if "
+                "the container still fails"
+            )
         inspect = engine.inspect(container)
         image_id = engine.image_id(str((inspect.get("Config") or {}).get("Image") or ""))
         image_env = _image_env(engine, str(inspect.get("Image") or ""))

@@ -23,7 +23,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from runbooks.errors import FixError
+from runbooks.errors import FixLocked
 
 TERMINAL = frozenset({"done", "rolled-back", "manual-rollback-done"})
 
@@ -104,7 +104,7 @@ def container_lock(state_dir: Path, host: str, container: str) -> Iterator[None]
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            raise FixError(
+            raise FixLocked(
                 f"another fix of {host}/{container} is running (lock {path}); try again later"
             ) from None
         os.ftruncate(fd, 0)

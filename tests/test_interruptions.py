@@ -82,3 +82,55 @@ def test_a_hung_nvidia_smi_is_never_joined_and_ours_is_killed(
     finally:
         os.killpg(hung.pid, signal.SIGKILL)
         hung.wait(timeout=10)
+
+
+def _wait_for(path: Path, text: str, proc: subprocess.Popen[str], timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while text not in path.read_text():
+        assert proc.poll() is None, path.read_text()
+        assert time.monotonic() < deadline, path.read_text()
+        time.sleep(0.3)
+
+
+def test_a_second_triage_of_a_container_being_fixed_stops_and_writes_nothing(
+    env: dict[str, str],  # noqa: F811
+    make_container: Any,
+    container_name: str,
+    tmp_path: Path,
+) -> None:
+    """Two triages of one container: the second ended with Docker's raw "No such container",
+    exit 6, and a second post-mortem. Now it says another fix holds the lock (exit 4), from this
+    machine or another one (its own state dir), and writes no report."""
+    c = make_container(container_name, SHM_WORKLOAD, device_requests=GPUS_ALL)
+    c.wait(timeout=30)
+    slow = {**env, "CUDAMEDIC_FIX_SETTLE_S": "25"}  # the first fix holds its lock a while
+    log = tmp_path / "first.log"
+    with open(log, "w") as out:
+        first = subprocess.Popen(
+            [*CLI, "triage", "gpu-healthy", "--container", container_name, "--apply", "--yes"],
+            env=slow,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+    try:
+        _wait_for(log, "cudamedic: [apply]", first)
+        time.sleep(2)
+        reports = Path(env["CUDAMEDIC_OUT_DIR"], "reports")
+        before = sorted(reports.glob("*.md"))
+        for who, e in {
+            "this machine": env,
+            "another machine": {**env, "CUDAMEDIC_STATE_DIR": str(tmp_path / "other-state")},
+        }.items():
+            second = cudamedic(e, "triage", "gpu-healthy", "--container", container_name, "--yes")
+            assert second.returncode == 4, (who, second.stdout + second.stderr)
+            assert "refused: another fix of gpu-healthy" in second.stderr, second.stderr
+            assert "No such container" not in second.stdout + second.stderr
+            assert "report:" not in second.stdout, second.stdout
+            assert sorted(reports.glob("*.md")) == before, who
+        assert first.wait(timeout=120) == 0, log.read_text()
+    finally:
+        if first.poll() is None:
+            first.kill()
+            first.wait()
+    assert "outcome:   fixed" in log.read_text()
