@@ -491,21 +491,35 @@ def cmd_approve(args: argparse.Namespace) -> int:
             "--by is gone: an answer is given as your OS user (os:USER), which the setting "
             "approver_os_users maps to an approver (deploy/OPERATIONS.md, 'Who may approve')"
         )
+    from uuid import UUID
+
+    try:
+        UUID(args.run_id)  # before a Prefect server is asked (or started)
+    except ValueError:
+        raise InputError(
+            f"{args.run_id!r} is not a flow run id: give the id `cudamedic triage` printed "
+            "(`cudamedic approve 0b9f...`)"
+        ) from None
     settings = _settings(args)
     _prefect(args, settings)
-    from flows.triage import answer, verdict
+    from flows.triage import VERDICT_WAIT_S, answer, verdict
 
     decision, by = ("reject" if args.reject else "approve"), cli_claim()
     sent = now() - timedelta(seconds=5)  # the worker's clock may be a little behind ours
     print(answer(args.run_id, decision, by, args.reason or ""))
     judged = verdict(args.run_id, by, sent)
     if judged is None:
-        print("the flow has not said yet whether it takes the answer; `cudamedic audit` will")
-    elif judged.get("refusal"):
+        print(
+            f"cudamedic: flow run {args.run_id} did not take the answer within "
+            f"{VERDICT_WAIT_S:g} s: the process that ran it is gone (interrupted or killed), "
+            "so it can no longer act. Respond again with `cudamedic triage`.",
+            file=sys.stderr,
+        )
+        return EXIT_FAILED
+    if judged.get("refusal"):
         print(f"cudamedic: refused by the flow: {judged['refusal']}", file=sys.stderr)
         return EXIT_REFUSED
-    else:
-        print(f"taken: {decision} by {judged.get('identity')}")
+    print(f"taken: {decision} by {judged.get('identity')}")
     return 0
 
 
@@ -1072,9 +1086,10 @@ def _run(args: argparse.Namespace) -> tuple[int, str | None]:
         return fail(EXIT_REFUSED, "refused", str(exc))
     except CudamedicError as exc:
         return fail(EXIT_INTERNAL, "error", str(exc))
-    except KeyboardInterrupt:
-        print("cudamedic: interrupted", file=sys.stderr)
-        return EXIT_INTERRUPTED, "interrupted"
+    except KeyboardInterrupt as exc:  # flows/triage.py says what became of a response
+        said = safe(str(exc))
+        print(f"cudamedic: interrupted{': ' + said if said else ''}", file=sys.stderr)
+        return EXIT_INTERRUPTED, "interrupted" + (f": {said}" if said else "")
     except Exception as exc:  # a bug or an unexpected failure: one line, the details with -v
         if args.verbose:
             raise

@@ -134,3 +134,118 @@ def test_a_second_triage_of_a_container_being_fixed_stops_and_writes_nothing(
             first.kill()
             first.wait()
     assert "outcome:   fixed" in log.read_text()
+
+
+def _start_triage(
+    env: dict[str, str],  # noqa: F811
+    container: str,
+    log: Path,
+    *extra: str,
+) -> subprocess.Popen[str]:
+    with open(log, "w") as out:
+        return subprocess.Popen(
+            [*CLI, "triage", "gpu-healthy", "--container", container, "--apply", *extra],
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            text=True,
+            stdin=subprocess.DEVNULL,
+        )
+
+
+def _approval_run(log: Path, proc: subprocess.Popen[str]) -> str:
+    _wait_for(log, "waiting for approval: `cudamedic approve ", proc)
+    return log.read_text().split("`cudamedic approve ", 1)[1].split("`")[0]
+
+
+def test_ctrl_c_cancels_the_run_and_says_what_to_do_next(
+    env: dict[str, str],  # noqa: F811
+    make_container: Any,
+    container_name: str,
+    gpu_engine: Any,
+    tmp_path: Path,
+) -> None:
+    """Ctrl-C while a fix waited for approval left the run Paused (until the crash automation,
+    ~7.5 min) and said only "interrupted"; approving it then exited 0 and nothing happened."""
+    c = make_container(container_name, SHM_WORKLOAD, device_requests=GPUS_ALL)
+    c.wait(timeout=30)
+    log = tmp_path / "triage.log"
+    proc = _start_triage(env, container_name, log, "--no-input")
+    run_id = _approval_run(log, proc)
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(timeout=60) == 130, log.read_text()
+    said = log.read_text()
+    assert (
+        f"cudamedic: interrupted: nothing was changed on gpu-healthy/{container_name}: it is as "
+        f"it was before the triage; flow run {run_id} cancelled. To respond again: `cudamedic "
+        f"triage gpu-healthy --container {container_name} --apply`"
+    ) in said, said
+    assert "Traceback" not in said
+    assert flow_run_of(run_id).state.type.value == "CANCELLED"
+    assert gpu_engine.containers.get(container_name).id == c.id  # untouched
+    late = cudamedic(env, "approve", run_id)
+    assert late.returncode == 2, late.stdout + late.stderr
+    assert "it can no longer act on an answer" in late.stderr, late.stderr
+
+
+def test_approving_a_run_whose_process_is_gone_says_so(
+    env: dict[str, str],  # noqa: F811
+    make_container: Any,
+    container_name: str,
+    tmp_path: Path,
+) -> None:
+    """A triage killed outright (no Ctrl-C handler runs) leaves its run Paused: the answer is
+    sent, nobody takes it, and `approve` says so and exits 6 (it said "not said yet", exit 0)."""
+    c = make_container(container_name, SHM_WORKLOAD, device_requests=GPUS_ALL)
+    c.wait(timeout=30)
+    log = tmp_path / "triage.log"
+    proc = _start_triage(env, container_name, log, "--no-input")
+    run_id = _approval_run(log, proc)
+    proc.kill()
+    proc.wait(timeout=30)
+    late = cudamedic(env, "approve", run_id, timeout=120)
+    assert late.returncode == 6, late.stdout + late.stderr
+    assert "did not take the answer within 30 s" in late.stderr
+    assert "can no longer act" in late.stderr
+
+
+def test_approve_checks_the_run_id_before_starting_a_server(tmp_path: Path) -> None:
+    bare = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "CUDAMEDIC_"))}
+    bare["CUDAMEDIC_STATE_DIR"] = str(tmp_path / "state")
+    started = time.monotonic()
+    out = subprocess.run(
+        [*CLI, "approve", "not-a-uuid"], env=bare, capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert "'not-a-uuid' is not a flow run id" in out.stderr
+    assert "Prefect server" not in out.stderr
+    assert not (tmp_path / "state" / "prefect").exists()  # no server was started
+    assert time.monotonic() - started < 10
+
+
+def test_ctrl_c_during_the_fix_lets_it_finish(
+    env: dict[str, str],  # noqa: F811
+    make_container: Any,
+    container_name: str,
+    gpu_engine: Any,
+    tmp_path: Path,
+) -> None:
+    """Ctrl-C during apply printed only "interrupted" and left the fix half-done, for the next
+    run to roll back silently. Now the fix finishes (or rolls back) first and says so."""
+    c = make_container(container_name, SHM_WORKLOAD, device_requests=GPUS_ALL)
+    c.wait(timeout=30)
+    log = tmp_path / "triage.log"
+    proc = _start_triage({**env, "CUDAMEDIC_FIX_SETTLE_S": "10"}, container_name, log, "--yes")
+    _wait_for(log, "cudamedic: [apply]", proc)
+    time.sleep(1)
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(timeout=120) == 0, log.read_text()
+    said = log.read_text()
+    assert (
+        f"cudamedic: interrupted during the fix of gpu-healthy/{container_name}: letting it "
+        "finish or roll back first"
+    ) in said, said
+    assert "outcome:   fixed" in said, said
+    new = gpu_engine.containers.get(container_name)
+    assert new.id != c.id and new.attrs["HostConfig"]["ShmSize"] == 8 * 1024**3
+    assert not [x for x in gpu_engine.containers.list(all=True) if x.name.endswith("fix-lock")]
