@@ -236,7 +236,7 @@ def answer(run_id: str, decision: str, by: str, reason: str = "") -> str:
     return f"{decision} sent to flow run {run_id} by {by}"
 
 
-VERDICT_WAIT_S = 30.0  # a live flow takes an answer within seconds (it polls every 2 s)
+VERDICT_WAIT_S = 60.0  # a live flow takes an answer within seconds (it polls every 2 s)
 
 
 def verdict(
@@ -254,6 +254,22 @@ def verdict(
             return found[0]
         time.sleep(1.0)
     return None
+
+
+def acted_since(run_id: str, since: datetime) -> bool:
+    """Has the flow run done anything since `since` (a log line: each step logs)? A run whose
+    process is gone cannot; an answer's audit event may just be late."""
+    from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId, LogFilterTimestamp
+
+    with get_client(sync_client=True) as client:
+        logs = client.read_logs(
+            log_filter=LogFilter(
+                flow_run_id=LogFilterFlowRunId(any_=[UUID(run_id)]),
+                timestamp=LogFilterTimestamp(after_=since),
+            ),
+            limit=1,
+        )
+    return bool(logs)
 
 
 def wait_until_paused(run_id: str, timeout: float = 60.0) -> bool:

@@ -138,7 +138,10 @@ def _from_rules(
     confidence = min(primary.confidence, THIN_CONFIDENCE) if thin else primary.confidence
     summary = _summary(primary)
     if thin:
-        summary += " Only pasted text was seen: this is the most likely cause, not a finding."
+        summary = (
+            f"{summary.rstrip('.')}. Only {thin_source(facts)} was seen: this is the most likely "
+            "cause, not a finding."
+        )
     return Diagnosis(
         incident=primary.incident,
         confidence=confidence,
@@ -342,6 +345,17 @@ def _summary(match: Match) -> str:
     return text
 
 
+def thin_source(facts: Facts) -> str:
+    """What thin evidence was: the pasted text (`classify -`, a trigger), a container log (a
+    log file given to `classify`), or a few lines of both."""
+    sources = {s.source for s in facts.scans if s.lines}
+    if sources and sources <= {"trigger.txt"}:
+        return "pasted text"
+    if sources and all(s.startswith("containers/") and s.endswith(".log") for s in sources):
+        return "a short container log"
+    return "a few lines of text"
+
+
 def is_thin(facts: Facts) -> bool:
     """Only a few pasted lines: no structured evidence (nvidia-smi, kernel log, inspect,
     probes, nccl-tests) and at most THIN_MAX_LINES lines of text in all."""
@@ -509,7 +523,7 @@ def classify_path(
 def render_text(d: Diagnosis) -> str:
     """The diagnosis as a person reads it in a terminal (evidence text shown escaped)."""
     label = {
-        "thin-evidence": "  - a guess from pasted text",
+        "thin-evidence": "  - a guess from a few lines of text",
         "similar-incidents": "  - a proposal from similar incidents",
         "keywords": "  - a guess from the words used",
         "no-evidence": "  - nothing relevant seen",
@@ -599,7 +613,13 @@ def render_explain(d: Diagnosis) -> str:
 
 
 def to_json(d: Diagnosis) -> dict[str, object]:
+    """`classify --json`: one object, with the `schema` of every --json (docs/cli-json.md)."""
+    from runbooks.cli_json import SCHEMA
+
     return {
+        "schema": SCHEMA,
+        "command": "classify",
+        "exit_code": 0,
         "incident": d.incident,
         "confidence": d.confidence,
         "basis": d.basis,

@@ -1,4 +1,5 @@
-"""What `--json` prints: one object per command on stdout (the schema of docs/cli-json.md).
+"""What `--json` prints: one object per command on stdout (the schema of docs/cli-json.md;
+`classify --json` is built by runbooks/classify.py `to_json`, with the same three fields).
 
 Every object carries `schema` (this module's SCHEMA, raised on any incompatible change),
 `command` and `exit_code` (the process's exit status). A command that stops on an error prints

@@ -81,18 +81,6 @@ def lab() -> Iterator[LabState]:
     yield state
     if not reuse:
         down(state)
-        return
-    # A lab that stays up (`make demo` then `make test`) is left as the tests found it: what a
-    # test made (named t-... or rel-...) and what fixes of it left behind goes.
-    for engine in state.engines.values():
-        client = docker.DockerClient(base_url=engine.url, timeout=60)
-        for c in client.containers.list(all=True):
-            if c.name.startswith(("t-", "rel-")):
-                try:
-                    c.remove(force=True)
-                except docker.errors.NotFound:
-                    pass
-        client.close()
 
 
 @pytest.fixture

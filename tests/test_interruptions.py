@@ -205,7 +205,7 @@ def test_approving_a_run_whose_process_is_gone_says_so(
     proc.wait(timeout=30)
     late = cudamedic(env, "approve", run_id, timeout=120)
     assert late.returncode == 6, late.stdout + late.stderr
-    assert "did not take the answer within 30 s" in late.stderr
+    assert "did not take the answer within 60 s" in late.stderr
     assert "can no longer act" in late.stderr
 
 

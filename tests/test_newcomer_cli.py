@@ -1,0 +1,125 @@
+"""Issue 26, "README and CLI": the edges a newcomer hit, through the real `cudamedic` command (no
+lab needed but for the last test): a closed pipe, a paste at a terminal, a directory that is not
+a bundle, a short log that is not pasted text, `classify --json`'s schema, a mistyped flag of a
+subcommand, completion without gone flags, and the lab's settings from any directory."""
+
+from __future__ import annotations
+
+import json
+import os
+import pty
+import select
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from tests.lab.lab import LabState
+
+ROOT = Path(__file__).resolve().parents[1]
+CLI = [sys.executable, "-m", "runbooks.cli"]
+BUNDLE = next((ROOT / "tests" / "corpus").glob("shm-too-small--*"))  # a real incident's bundle
+BUS = "RuntimeError: DataLoader worker (pid 4242) is killed by signal: Bus error.\n"
+
+
+def run(*args: str, stdin: str | None = None, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CUDAMEDIC_")}
+    return subprocess.run(
+        [*CLI, *args], input=stdin, capture_output=True, text=True, timeout=60, env=env, cwd=cwd
+    )
+
+
+def test_a_reader_that_goes_away_is_no_internal_error() -> None:
+    """`cudamedic classify - | head` printed "internal error: BrokenPipeError"."""
+    proc = subprocess.Popen(
+        [*CLI, "classify", str(BUNDLE), "--explain"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout is not None and proc.stderr is not None
+    proc.stdout.close()  # the reader is gone before anything is written
+    err = proc.stderr.read()
+    assert proc.wait(timeout=60) == 0, err
+    assert "BrokenPipe" not in err and "internal error" not in err and "Exception" not in err
+
+
+def test_a_paste_at_a_terminal_says_how_to_end_it() -> None:
+    """`cudamedic classify -` on a terminal waited silently."""
+    master, slave = pty.openpty()
+    proc = subprocess.Popen(
+        [*CLI, "classify", "-"], stdin=slave, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    os.close(slave)
+    assert proc.stderr is not None
+    ready, _, _ = select.select([proc.stderr], [], [], 30)
+    assert ready, "nothing said before the paste"
+    said = os.read(proc.stderr.fileno(), 4096).decode()
+    assert "paste the error text, then press Ctrl-D" in said, said
+    os.write(master, BUS.encode() + b"\x04")
+    out, _ = proc.communicate(timeout=60)
+    os.close(master)
+    assert proc.returncode == 0 and b"shm-too-small" in out, out
+
+
+def test_a_directory_that_is_not_a_bundle_is_an_error(tmp_path: Path) -> None:
+    (tmp_path / "notes.md").write_text("my notes\n")
+    for path in (tmp_path, tmp_path / "empty"):
+        path.mkdir(exist_ok=True)
+        out = run("classify", str(path))
+        assert out.returncode == 2, out.stdout + out.stderr
+        assert f"{path} is not an evidence bundle" in out.stderr
+        assert "incident:" not in out.stdout  # not "unknown: the evidence is empty"
+
+
+def test_a_short_container_log_is_not_called_pasted_text(tmp_path: Path) -> None:
+    log = tmp_path / "train.log"
+    log.write_text("epoch 1\n" + BUS)
+    from_log = run("classify", str(log))
+    assert from_log.returncode == 0, from_log.stderr
+    assert "Only a short container log was seen" in from_log.stdout, from_log.stdout
+    assert "pasted" not in from_log.stdout
+    pasted = run("classify", "-", stdin=BUS)
+    assert "Only pasted text was seen" in pasted.stdout, pasted.stdout
+
+
+def test_classify_json_has_the_schema_of_every_json(tmp_path: Path) -> None:
+    out = run("classify", str(BUNDLE), "--json")
+    doc = json.loads(out.stdout)
+    assert (doc["schema"], doc["command"], doc["exit_code"]) == (1, "classify", 0)
+    assert doc["incident"] == "shm-too-small"
+    bad = run("classify", str(tmp_path / "nothing-here"), "--json")
+    assert bad.returncode == 2
+    err = json.loads(bad.stdout)  # an error is one JSON object too
+    assert (err["schema"], err["command"], err["exit_code"]) == (1, "classify", 2), err
+
+
+def test_a_mistyped_flag_gets_its_subcommands_usage_and_a_suggestion() -> None:
+    out = run("triage", "gpu-healthy", "--contianer", "train")
+    assert out.returncode == 2
+    assert out.stderr.startswith("usage: cudamedic triage "), out.stderr
+    assert "--contianer: did you mean --container?" in out.stderr, out.stderr
+
+
+def test_completion_never_offers_a_gone_flag() -> None:
+    out = run("completion", "bash")
+    line = next(ln for ln in out.stdout.splitlines() if ln.strip().startswith("approve)"))
+    assert "--by" not in line and "--reject" in line, line
+
+
+def test_the_labs_settings_from_any_directory(lab: LabState, tmp_path: Path) -> None:
+    """`python -m tests.lab env` works only from the project directory (Python's own "No
+    module named tests" elsewhere): `make -s -C PROJECT lab-env` works from anywhere."""
+    env = {**os.environ, "CUDAMEDIC_LAB_DIR": lab.dir}
+    started = time.monotonic()
+    out = subprocess.run(
+        ["make", "-s", "-C", str(ROOT), "lab-env"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 0, out.stderr
+    assert f"export CUDAMEDIC_CONFIG={lab.config}" in out.stdout
+    assert time.monotonic() - started < 30
