@@ -554,7 +554,8 @@ def _approve_and_apply(run: _Run, prepared: Prepared, approved_by: str | None) -
         run.mark("fix not applied", applied)
         progress.end("apply", f"not applied: {applied}")
         return _Result("not-applied", applied, None, said)
-    run.mark("fix applied", f"{applied.status}: {applied.message}")
+    done = "fix applied" if applied.status in ("fixed", "recovered") else "fix failed"
+    run.mark(done, f"{applied.status}: {applied.message}")
     progress.end("apply", applied.status)
     progress.end("verify", _checks_line(applied))
     return _Result("planned", "", applied, said)

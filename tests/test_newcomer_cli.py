@@ -8,13 +8,17 @@ from __future__ import annotations
 import json
 import os
 import pty
+import re
 import select
 import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from tests.lab.lab import LabState
+from tests.test_fix import SHM_WORKLOAD, fix_settings  # noqa: F401 - fixture
+from tests.test_flows import GPUS_ALL, cudamedic, env, field  # noqa: F401 - fixture
 
 ROOT = Path(__file__).resolve().parents[1]
 CLI = [sys.executable, "-m", "runbooks.cli"]
@@ -23,9 +27,9 @@ BUS = "RuntimeError: DataLoader worker (pid 4242) is killed by signal: Bus error
 
 
 def run(*args: str, stdin: str | None = None, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("CUDAMEDIC_")}
+    bare = {k: v for k, v in os.environ.items() if not k.startswith("CUDAMEDIC_")}
     return subprocess.run(
-        [*CLI, *args], input=stdin, capture_output=True, text=True, timeout=60, env=env, cwd=cwd
+        [*CLI, *args], input=stdin, capture_output=True, text=True, timeout=60, env=bare, cwd=cwd
     )
 
 
@@ -110,12 +114,12 @@ def test_completion_never_offers_a_gone_flag() -> None:
 def test_the_labs_settings_from_any_directory(lab: LabState, tmp_path: Path) -> None:
     """`python -m tests.lab env` works only from the project directory (Python's own "No
     module named tests" elsewhere): `make -s -C PROJECT lab-env` works from anywhere."""
-    env = {**os.environ, "CUDAMEDIC_LAB_DIR": lab.dir}
+    with_lab = {**os.environ, "CUDAMEDIC_LAB_DIR": lab.dir}
     started = time.monotonic()
     out = subprocess.run(
         ["make", "-s", "-C", str(ROOT), "lab-env"],
         cwd=tmp_path,
-        env=env,
+        env=with_lab,
         capture_output=True,
         text=True,
         timeout=60,
@@ -123,3 +127,68 @@ def test_the_labs_settings_from_any_directory(lab: LabState, tmp_path: Path) -> 
     assert out.returncode == 0, out.stderr
     assert f"export CUDAMEDIC_CONFIG={lab.config}" in out.stdout
     assert time.monotonic() - started < 30
+
+
+# -- post-mortems (the lab, the real CLI) ---------------------------------------------------------
+def _section(report: str, title: str) -> str:
+    return report.split(f"## {title}\n", 1)[1].split("\n## ", 1)[0].strip()
+
+
+def test_the_root_cause_names_no_symptoms(
+    env: dict[str, str],  # noqa: F811
+    make_container: Any,
+    container_name: str,
+) -> None:
+    """A clear shm case said "`shm-too-small` (also seen: host-oom-killed, disk-full)": the bus
+    error read as an OOM kill and /dev/shm's "No space left on device" as a full disk."""
+    c = make_container(container_name, SHM_WORKLOAD, device_requests=GPUS_ALL)
+    c.wait(timeout=30)
+    out = cudamedic(
+        env, "triage", "gpu-healthy", "--container", container_name, "--trigger", BUS.strip()
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    report = Path(field(out.stdout, "report")).read_text()
+    cause = _section(report, "Root cause")
+    assert cause.startswith("`shm-too-small`. The decisive evidence:"), cause
+    assert "also seen" not in cause
+
+
+def test_a_rolled_back_fix_reports_its_downtime_and_the_manual_step(
+    env: dict[str, str],  # noqa: F811
+    make_container: Any,
+    container_name: str,
+    plain_engine: Any,
+) -> None:
+    """The rolled-back fix's report said nothing of the downtime the fix itself caused, and its
+    action item repeated the Docker error instead of the step for its cause; its Slack copy
+    showed Markdown's backslash escapes raw (`\\[\\[gpu\\]\\]`, `\\>=`)."""
+    make_container(
+        container_name,
+        "nvidia-smi -L; sleep 3600",
+        engine=plain_engine,
+        environment={"NVIDIA_VISIBLE_DEVICES": "all"},
+    )
+    time.sleep(1)
+    out = cudamedic(env, "triage", "gpu-nohook", "--container", container_name, "--apply", "--yes")
+    assert out.returncode == 5, out.stdout + out.stderr
+    report = Path(field(out.stdout, "report")).read_text()
+    assert re.search(r"^\| Down because of the fix \| [\d.]+ s \|$", report, re.M), report
+    impact = _section(report, "Impact")
+    assert re.search(
+        r"The fix itself stopped the running workload at \d\d:\d\d:\d\d UTC; it ran again at "
+        r"\d\d:\d\d:\d\d UTC \(the original, restarted by the rollback\): \*\*[\d.]+ s\*\* of "
+        r"downtime caused by the fix\.",
+        impact,
+    ), impact
+    actions = _section(report, "Action items")
+    assert actions.startswith(
+        "- [ ] On gpu-nohook: Install or upgrade the NVIDIA Container Toolkit"
+    ), actions
+    assert f"`cudamedic triage gpu-nohook --container {container_name} --apply`" in actions
+    assert "could not select device driver" not in actions  # said once, under Resolution
+    from reports.slack import mrkdwn
+
+    slack = mrkdwn(report)
+    assert "\\" not in slack, slack  # no escape shown raw
+    assert 'could not select device driver "" with capabilities: [[gpu]]' in slack
+    assert "*Root cause*" in slack and "\n#" not in slack
