@@ -192,3 +192,33 @@ def test_a_rolled_back_fix_reports_its_downtime_and_the_manual_step(
     assert "\\" not in slack, slack  # no escape shown raw
     assert 'could not select device driver "" with capabilities: [[gpu]]' in slack
     assert "*Root cause*" in slack and "\n#" not in slack
+
+
+def test_the_readme_says_what_the_set_up_needs_and_how_to_install_for_real() -> None:
+    """Before its two commands the README said nothing of root, apt, a system user, two Docker
+    engines, eight sshd or port 4200; it had no contents and no way to install for real use. The
+    contents' links must land on headings (GitHub's anchors)."""
+    readme = (ROOT / "README.md").read_text()
+    setup = readme.split("## Set-up on a fresh machine", 1)[1].split("\n## ", 1)[0]
+    for needed in (
+        "as root",
+        "apt-get",
+        "`cudamedic-lab`",
+        "two Docker engines",
+        "eight `sshd`",
+        "127.0.0.1:4200",
+        "`make test`",
+    ):
+        assert needed in setup, needed
+    assert "15 minutes" not in readme  # the suite's old, untrue time
+    headings = {
+        re.sub(r"[^\w\- ]", "", h.lower()).replace(" ", "-")
+        for h in re.findall(r"^#{2,3} (.+)$", readme, re.M)
+    }
+    contents = readme.split("**Contents:**", 1)[1].split("\n\n", 1)[0]
+    anchors = re.findall(r"\]\(#([^)]+)\)", contents)
+    assert len(anchors) >= 10 and set(anchors) <= headings, set(anchors) - headings
+    install = readme.split("## Install for real use", 1)[1].split("\n## ", 1)[0]
+    for needed in ("pip install", "CUDAMEDIC_CONFIG", "inventory", "systemd", "compose"):
+        assert needed in install, needed
+    assert "PREFECT_SERVER_API_AUTH_STRING" in install
