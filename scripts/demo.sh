@@ -6,7 +6,8 @@
 # whole fleet twice. Run as root: `make demo`.
 #
 # Every run tells the same story: it is a fleet of its own (CUDAMEDIC_FLEET=demo-<time>), so its
-# sweeps start afresh and the per-hour fix cap counts only its own fixes. Each step's output is
+# sweeps start afresh and the per-hour fix cap counts only its own fixes; with its default state
+# dir (out/state) it also starts without the last run's team history. Each step's output is
 # kept in OUT_DIR/demo-steps and checked at the end (scripts/check_demo.py): the demo exits 1
 # when an outcome is not the one this comment promises (CI runs it: .ci/run).
 set -euo pipefail
@@ -21,6 +22,11 @@ echo "== The lab: two Docker engines and eight simulated GPU hosts (sshd); reuse
 lab_env=$("$VENV/python" -m tests.lab env)
 eval "$lab_env"
 PLAIN=$CUDAMEDIC_LAB_PLAIN_DOCKER_HOST
+if [ -z "${CUDAMEDIC_STATE_DIR:-}" ]; then
+  # The demo's own state dir: each run starts without the team history the last one left
+  # (its post-mortems would be cited as similar incidents, and the story would change).
+  rm -f "$PWD/out/state/history.jsonl"
+fi
 export CUDAMEDIC_OUT_DIR=${CUDAMEDIC_OUT_DIR:-$PWD/out/demo}      # bundles and reports
 export CUDAMEDIC_STATE_DIR=${CUDAMEDIC_STATE_DIR:-$PWD/out/state} # audit, history, Prefect DB
 export CUDAMEDIC_FLEET="demo-$(date -u +%Y%m%d-%H%M%S)"
