@@ -249,3 +249,30 @@ def test_ctrl_c_during_the_fix_lets_it_finish(
     new = gpu_engine.containers.get(container_name)
     assert new.id != c.id and new.attrs["HostConfig"]["ShmSize"] == 8 * 1024**3
     assert not [x for x in gpu_engine.containers.list(all=True) if x.name.endswith("fix-lock")]
+
+
+def test_the_next_triage_shows_the_recovery_of_an_interrupted_fix(
+    env: dict[str, str],  # noqa: F811
+    make_container: Any,
+    container_name: str,
+    gpu_engine: Any,
+) -> None:
+    """The next run rolled an interrupted fix back silently: now it is a progress step."""
+    c = make_container(container_name, SHM_WORKLOAD, device_requests=GPUS_ALL)
+    c.wait(timeout=30)
+    killed = subprocess.run(
+        [*CLI, "fix", "gpu-healthy", "--container", container_name, "--apply", "--yes"],
+        env={**env, "CUDAMEDIC_CRASH_AT": "rename:done"},  # killed with the original renamed
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert killed.returncode == -9, killed.stdout + killed.stderr
+    again = cudamedic(env, "triage", "gpu-healthy", "--container", container_name)
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert (
+        f"cudamedic: [recover] done: an interrupted fix of {container_name} (its lock on the "
+        "target was held by"
+    ) in again.stderr, again.stderr
+    assert "rolled back: the original container is restored" in again.stderr
+    assert gpu_engine.containers.get(container_name).id == c.id
