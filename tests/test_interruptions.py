@@ -41,6 +41,18 @@ def smi_processes(lab: LabState, host: str) -> list[int]:
     return found
 
 
+def stop_hung(lab: LabState, host: str) -> None:
+    """Kill what still hangs in the simulated host's `nvidia-smi` (its process groups)."""
+    for pid in smi_processes(lab, host):
+        try:
+            os.killpg(os.getpgid(pid), signal.SIGKILL)
+        except OSError:
+            pass
+    deadline = time.monotonic() + 10
+    while smi_processes(lab, host) and time.monotonic() < deadline:
+        time.sleep(0.2)
+
+
 def _sweep_hang(env: dict[str, str]) -> tuple[dict[str, Any], dict[str, Any]]:  # noqa: F811
     """Sweep gpu-hang: (the --json result, its bundle's nvidia-smi source)."""
     out = cudamedic(env, "sweep", "--host", "gpu-hang", "--json")
@@ -57,6 +69,7 @@ def test_a_hung_nvidia_smi_is_never_joined_and_ours_is_killed(
     """Each sweep of the hung-nvidia-smi host left three more hung processes on it (80 after an
     afternoon): now one is started, and killed when its timeout passes; while one started by
     anyone else still runs, none is started at all."""
+    stop_hung(lab, "gpu-hang")  # earlier runs' (older code's) hung processes on the lab host
     before = set(smi_processes(lab, "gpu-hang"))
     result, smi = _sweep_hang(env)
     assert result["verdicts"] == {"gpu-hang": "drain"}
@@ -69,7 +82,9 @@ def test_a_hung_nvidia_smi_is_never_joined_and_ours_is_killed(
     script = f"{lab.hosts['gpu-hang'].data.rsplit('/', 1)[0]}/bin/nvidia-smi"
     hung = subprocess.Popen([script, "-q"], start_new_session=True)  # someone else's, hung
     try:
-        time.sleep(1)
+        # hung: running longer than a command's timeout (the lab's 10 s); a younger one is
+        # someone's ordinary call and does not count
+        time.sleep(12)
         started = time.monotonic()
         result, smi = _sweep_hang(env)
         assert result["verdicts"] == {"gpu-hang": "drain"}
