@@ -2,7 +2,7 @@
 SHELL := /bin/bash
 VENV := .venv/bin
 
-.PHONY: demo test reliability replay lint lab-up lab-down bootstrap
+.PHONY: demo test reliability replay lint lab-up lab-down lab-env bootstrap
 
 bootstrap:
 	@scripts/bootstrap.sh
@@ -35,3 +35,7 @@ lab-up: bootstrap
 
 lab-down:
 	$(VENV)/python -m tests.lab down
+
+# The lab's settings for a shell, from any directory: eval "$(make -s -C PATH/TO/cudamedic lab-env)"
+lab-env:
+	@$(VENV)/python -m tests.lab env

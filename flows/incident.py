@@ -39,8 +39,8 @@ from reports import slack as slack_msg
 from runbooks import breaker, progress
 from runbooks.approvals import identity, started_by_cli, take_up_front
 from runbooks.classify import classify_path
-from runbooks.collect import collect, missing_container
-from runbooks.errors import CudamedicError, InputError
+from runbooks.collect import collect, finding_message, missing_container
+from runbooks.errors import CudamedicError, FixLocked, InputError
 from runbooks.fixer import (
     Prepared,
     effective_policy,
@@ -71,6 +71,13 @@ class Approval(RunInput):
     decision: Literal["approve", "reject"]
     by: str = Field(min_length=1, max_length=200)
     reason: str = Field(default="", max_length=2000)
+
+
+class Locked(BaseModel):
+    """Another fix of the container holds its lock: the response stops there, writing nothing
+    (no post-mortem, no history): the fix that holds it reports."""
+
+    message: str
 
 
 class Response(BaseModel):
@@ -133,30 +140,40 @@ def tag_run(run_id: str | None, *tags: str) -> None:
 
 
 # Outcomes that are not routine name the run's final state, so a state filter in the Prefect UI
-# finds them; the rest (diagnosed, planned, needs-a-person, recovered) stay "Completed".
-OUTCOME_STATES = {
-    "fixed": "Fixed",
-    "rolled-back": "RolledBack",
-    "rollback-failed": "RollbackFailed",
-    "rejected": "Rejected",
-    "refused": "Refused",
-    "approval-timed-out": "ApprovalTimedOut",
-    "not-applied": "NotApplied",
-    "no-such-container": "NoSuchContainer",
+# finds them; the rest (diagnosed, planned, needs-a-person, recovered) stay "Completed". A fix
+# that failed, a container that does not exist and a host that was not reached are failures:
+# their state's type is FAILED (red in the UI, `prefect flow-run ls --state-type FAILED`), never
+# a green success; a person's or the policy's "no" (rejected, refused, not answered) changed
+# nothing as asked, and stays COMPLETED.
+OUTCOME_STATES: dict[str, tuple[str, bool]] = {  # outcome -> (state name, failed)
+    "fixed": ("Fixed", False),
+    "rolled-back": ("RolledBack", True),
+    "rollback-failed": ("RollbackFailed", True),
+    "rejected": ("Rejected", False),
+    "refused": ("Refused", False),
+    "approval-timed-out": ("ApprovalTimedOut", False),
+    "not-applied": ("NotApplied", True),
+    "no-such-container": ("NoSuchContainer", True),
+    "locked": ("Locked", False),
+    "unreachable": ("Unreachable", True),
 }
 
 
 def finish(response: Response) -> Response:
     """Tag the run with its outcome and end it in the state that names it. Prefect makes a
-    returned State the run's final state and hands its data, the Response, to the caller."""
+    returned State the run's final state and hands its data, the Response, to the caller (a
+    failed one too: `result(raise_on_failure=False)`, flows/triage.py)."""
     tag_run(response.flow_run_id, f"outcome:{response.outcome}")
-    name = OUTCOME_STATES.get(response.outcome)
-    if name is None:
+    named = OUTCOME_STATES.get(response.outcome)
+    if named is None:
         return response
-    from prefect.states import Completed
+    from prefect.states import Completed, Failed
 
+    name, failed = named
     message = f"{response.outcome}: {response.detail}" if response.detail else response.outcome
-    return cast(Response, Completed(name=name, message=message[:500], data=response))
+    end = Failed if failed else Completed
+    state: Any = end(name=name, message=message[:500], data=response)
+    return cast(Response, state)
 
 
 def run_url(run_id: str | None) -> str | None:
@@ -168,11 +185,15 @@ def run_url(run_id: str | None) -> str | None:
 
 # -- tasks ---------------------------------------------------------------------------------------
 @task(name="recover-interrupted-fix", cache_policy=NO_CACHE, timeout_seconds=900)
-def recover_task(target: Target, container: str, settings: Settings) -> Outcome | str | None:
-    """Finish an interrupted fix of the container; a message when that cannot be done now
-    (e.g. another response is fixing it this moment: nothing was interrupted)."""
+def recover_task(
+    target: Target, container: str, settings: Settings
+) -> Outcome | Locked | str | None:
+    """Finish an interrupted fix of the container; `Locked` when another fix holds its lock
+    this moment (nothing was interrupted); a message when it cannot be done now."""
     try:
         return recover_interrupted(target, container, settings)
+    except FixLocked as exc:
+        return Locked(message=str(exc))
     except CudamedicError as exc:
         return str(exc)
 
@@ -192,10 +213,12 @@ def classify_task(bundle: str, settings: Settings) -> Diagnosis:
 @task(name="plan-fix", cache_policy=NO_CACHE, timeout_seconds=120)
 def plan_task(
     target: Target, container: str, bundle: str, diagnosis: Diagnosis, settings: Settings
-) -> Prepared | str:
+) -> Prepared | Locked | str:
     """The plan, or why there is none (an expected answer, not a task failure)."""
     try:
         return plan_for(target, container, bundle, diagnosis, settings)
+    except FixLocked as exc:
+        return Locked(message=str(exc))
     except CudamedicError as exc:
         return str(exc)
 
@@ -207,7 +230,7 @@ def apply_task(
     settings: Settings,
     approved_by: str,
     unattended: bool,
-) -> Outcome | str:
+) -> Outcome | Locked | str:
     # The lease is renewed while the fix runs; if the process dies mid-fix (a worker killed),
     # the lock frees itself after HOST_LOCK_LEASE_S, so a retry does not wait five minutes. A
     # failed renewal (the Prefect server restarting) must never cut a recreate in half: the fix
@@ -224,6 +247,8 @@ def apply_task(
             return execute(
                 target, prepared, settings, approved_by=approved_by, unattended=unattended
             )
+        except FixLocked as exc:
+            return Locked(message=str(exc))
         except CudamedicError as exc:  # refused before any change: an answer, not a failure
             return str(exc)
 
@@ -303,18 +328,32 @@ def incident_response(
     ({channel, ts, requester}; set by the Slack app)."""
     run = _Run.start(target, detected_by, approved_by, slack)
     recovered = _recover(run, container) if container else None
+    if isinstance(recovered, Locked):
+        return finish(run.stopped(container, "", "locked", recovered.message))
     bundle = _collect(run, container, trigger_text)
     if (missing := missing_container(Path(bundle))) is not None:
         # A mistyped container: an error to show the person, not an incident to report.
         run.mark("no such container", missing)
-        return finish(run.response(container, bundle, missing))
+        return finish(run.stopped(container, bundle, "no-such-container", missing))
     diagnosis = _diagnose(run, bundle)
     subject = container or diagnosis.container
     prepared = Prepared(bundle=bundle, diagnosis=diagnosis, recovered=recovered)
-    prepared, no_plan = _plan(run, subject, prepared)
-    result = _Result.before_apply(prepared, no_plan)
+    if (unreached := finding_message(Path(bundle), "target-unreachable")) is not None:
+        result = _Result(
+            "unreachable",
+            f"{run.tgt.name} could not be reached ({unreached}): nothing was checked or changed",
+        )
+        run.mark("not reached", unreached)
+        apply = False
+    else:
+        prepared, no_plan = _plan(run, subject, prepared)
+        if isinstance(no_plan, Locked):
+            return finish(run.stopped(subject, bundle, "locked", no_plan.message))
+        result = _Result.before_apply(prepared, no_plan)
     if prepared.plan is not None and apply:
         result = _approve_and_apply(run, prepared, approved_by)
+        if result.status == "locked":
+            return finish(run.stopped(subject, bundle, "locked", result.detail))
     pm = postmortem(
         prepared,
         run.settings,
@@ -386,16 +425,19 @@ class _Run:
         if self.thread is not None and not quiet:
             self.thread.say(slack_msg.progress(event, detail))
 
-    def response(self, container: str | None, bundle: str, missing: str) -> Response:
-        """The answer to a response whose container does not exist."""
+    def stopped(self, container: str | None, bundle: str, outcome: str, why: str) -> Response:
+        """The answer to a response that stopped before a report: its container does not
+        exist (`no-such-container`), or another fix of it holds its lock (`locked`)."""
+        if outcome == "locked":
+            self.mark("another fix holds the lock", why)
         return Response(
             host=self.tgt.name,
             container=container,
             incident="unknown",
             confidence=0.0,
-            summary=missing,
-            outcome="no-such-container",
-            detail=missing,
+            summary=why,
+            outcome=outcome,
+            detail=why,
             bundle=bundle,
             report="",
             flow_run_id=self.run_id,
@@ -424,13 +466,15 @@ class _Result:
         return cls("diagnosed")
 
 
-def _recover(run: _Run, container: str) -> Outcome | None:
-    """Finish or roll back an interrupted fix of this container first."""
+def _recover(run: _Run, container: str) -> Outcome | Locked | None:
+    """Finish or roll back an interrupted fix of this container first (a progress step when
+    there was one to finish); `Locked` when another fix holds the container's lock."""
     found = recover_task(run.tgt, container, run.settings)
     if isinstance(found, str):
         run.mark("recovery skipped", found)
         return None
-    if found is not None:
+    if isinstance(found, Outcome):
+        progress.end("recover", found.message)  # shown once it happened: most runs have none
         run.mark("interrupted fix finished", found.message)
     return found
 
@@ -457,13 +501,18 @@ def _diagnose(run: _Run, bundle: str) -> Diagnosis:
     return diagnosis
 
 
-def _plan(run: _Run, subject: str | None, prepared: Prepared) -> tuple[Prepared, str | None]:
+def _plan(
+    run: _Run, subject: str | None, prepared: Prepared
+) -> tuple[Prepared, str | Locked | None]:
     """The safe fix's plan for `subject`, or why there is none (None: no safe fix to plan)."""
     fix = prepared.diagnosis.fix
     if not subject or subject == "log" or fix is None or not fix.safe:
         return prepared, None
     progress.begin("plan", f"for {subject}")
     planned = plan_task(run.tgt, subject, prepared.bundle, prepared.diagnosis, run.settings)
+    if isinstance(planned, Locked):
+        progress.end("plan", f"not planned: {planned.message}")
+        return prepared, planned
     if isinstance(planned, str):
         run.mark("no plan", planned)
         progress.end("plan", f"no plan: {planned}")
@@ -506,11 +555,15 @@ def _approve_and_apply(run: _Run, prepared: Prepared, approved_by: str | None) -
         )
     except Exception as exc:  # the report is still written
         applied = f"{type(exc).__name__}: {exc}"
+    if isinstance(applied, Locked):
+        progress.end("apply", f"not applied: {applied.message}")
+        return _Result("locked", applied.message, None, said)
     if isinstance(applied, str):
         run.mark("fix not applied", applied)
         progress.end("apply", f"not applied: {applied}")
         return _Result("not-applied", applied, None, said)
-    run.mark("fix applied", f"{applied.status}: {applied.message}")
+    done = "fix applied" if applied.status in ("fixed", "recovered") else "fix failed"
+    run.mark(done, f"{applied.status}: {applied.message}")
     progress.end("apply", applied.status)
     progress.end("verify", _checks_line(applied))
     return _Result("planned", "", applied, said)

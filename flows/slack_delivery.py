@@ -244,7 +244,7 @@ class SlackThread:
             "files_upload_v2",
             channel=self.channel,
             thread_ts=self.ts,
-            content=markdown,
+            content=msg.mrkdwn(markdown),  # Slack shows a file as it is: its own markup
             filename=name,
             title=f"Post-mortem {pm.incident} {pm.host}",
         )

@@ -46,6 +46,16 @@ BATCH_DEPLOYMENT = "sweep-batch/sweep-batch"
 INCIDENT_DEPLOYMENT = "incident-response/incident-response"
 
 
+class NotChecked(BaseModel):
+    """A finding of the last sweep that this one could not check (kept as it was), and why."""
+
+    host: str
+    code: str
+    subject: str = ""
+    level: str
+    why: str
+
+
 class SweepResult(BaseModel):
     hosts: int
     verdicts: dict[str, str]  # host -> healthy | warning | drain
@@ -55,6 +65,8 @@ class SweepResult(BaseModel):
     duration_s: float
     responses: list[str] = []  # flow run ids of the incident responses started
     flow_run_url: str | None = None
+    # the last sweep's findings this one could not check, kept as they were (health.with_history)
+    not_checked: list[NotChecked] = []
 
 
 def _inputs(inventory: str | None) -> tuple[Settings, Runbook, Inventory]:
@@ -192,6 +204,7 @@ def fleet_health_check(
     progress.end("sweep", ", ".join(f"{summarize_verdicts(results)[v]} {v}" for v in VERDICTS))
     results, changes = _compare_with_last_sweep(settings, book, results)
     run_id = str(flow_run.get_id() or "") or None
+    _tag_verdicts(run_id, results)
     links = {"Prefect flow run": u} if (u := run_url(run_id)) else {}
     summary = _summary(started, results, changes, links)
     responses = _start_responses(results, changes, run_id) if start_incidents else {}
@@ -215,7 +228,34 @@ def fleet_health_check(
         duration_s=round((summary.ended_at - started).total_seconds(), 2),
         responses=list(responses.values()),
         flow_run_url=links.get("Prefect flow run"),
+        not_checked=[
+            NotChecked(
+                host=r.health.host, code=f.code, subject=f.subject, level=f.level, why=f.not_checked
+            )
+            for r in results
+            for f in r.health.findings
+            if f.not_checked
+        ],
     )
+
+
+MAX_HOST_TAGS = 20  # a run's tags name at most this many hosts to drain
+
+
+def _tag_verdicts(run_id: str | None, results: list[HostResult]) -> None:
+    """Tag the sweep's run with its worst verdict (`verdict:drain`) and the hosts to drain
+    (`drain:<host>`), so the Prefect UI's filters find a sweep that found something."""
+    from flows.incident import tag_run
+
+    drain = sorted(r.health.host for r in results if r.health.verdict == "drain")
+    worst = (
+        "drain"
+        if drain
+        else "warning"
+        if any(r.health.verdict == "warning" for r in results)
+        else "healthy"
+    )
+    tag_run(run_id, f"verdict:{worst}", *(f"drain:{h}" for h in drain[:MAX_HOST_TAGS]))
 
 
 def _in_this_run(
@@ -268,7 +308,10 @@ def _summary(
             SweepHostRow(
                 host=r.health.host,
                 verdict=r.health.verdict,
-                codes=tuple(f.key for f in r.health.findings),
+                codes=tuple(
+                    f.key + (f" (not checked: {f.not_checked})" if f.not_checked else "")
+                    for f in r.health.findings
+                ),
                 incident=r.incident,
                 incident_summary=r.incident_summary,
                 bundle=r.health.bundle,

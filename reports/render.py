@@ -58,6 +58,10 @@ class PostMortem(Frozen):
     down_since: datetime | None = None  # the container's FinishedAt: when the workload stopped
     running_at_collection: bool | None = None  # None: unknown (no container, no inspect)
     restored_at: datetime | None = None  # the replacement verified running (a fixed outcome)
+    # The fix itself stopped a running container: when, and when it ran again (the replacement
+    # verified, or the original restarted by the rollback; None: not running again)
+    fix_stopped_at: datetime | None = None
+    fix_back_at: datetime | None = None
 
     @property
     def changed(self) -> bool:
@@ -67,6 +71,14 @@ class PostMortem(Frozen):
     @property
     def duration_s(self) -> float:
         return (self.ended_at - self.started_at).total_seconds()
+
+    @property
+    def fix_downtime_s(self) -> float | None:
+        """How long the fix itself kept a running workload down (None: it stopped none)."""
+        if self.fix_stopped_at is None:
+            return None
+        until = self.fix_back_at or self.ended_at
+        return max(0.0, (until - self.fix_stopped_at).total_seconds())
 
     @property
     def downtime_s(self) -> float | None:

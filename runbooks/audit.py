@@ -1,5 +1,6 @@
 """The audit trail as Prefect events: every audit record (runbooks.journal.audit) is also sent
-as an event (`cudamedic.fix.applied`, `cudamedic.approval.refused`, ...) about the resource
+as an event (`cudamedic.fix.started`, `cudamedic.fix.applied`, `cudamedic.fix.failed`,
+`cudamedic.approval.refused`, ...) about the resource
 `cudamedic.host.<name>`, with the container and the flow run as related resources and the
 redacted record as its payload. Events reach the Prefect server both workers use, so the trail
 is one for the fleet (the UI's event feed shows it; automations can act on it); `read()` is
@@ -22,10 +23,13 @@ class CountUnknown(Exception):
 
 
 PREFIX = "cudamedic."
-# Audit actions as event names; any other action `a` is `cudamedic.a`.
+# Audit actions as event names; any other action `a` is `cudamedic.a`. A fix is `started` before
+# it changes anything (what the per-hour cap counts: every attempt), then `applied` (verified) or
+# `failed` (rolled back, or its rollback failed): a failed fix is never called applied.
 NAMES = {
-    "apply": "fix.applied",
-    "outcome": "fix.outcome",
+    "apply": "fix.started",
+    "applied": "fix.applied",
+    "fix-failed": "fix.failed",
     "recover": "fix.recovered",
     "rollback": "fix.rolled-back",
     "cleanup": "fix.backups-removed",
@@ -133,11 +137,11 @@ def read(
 
 
 def applied_in_fleet(fleet: str, since: datetime, max_pages: int = 20) -> int | None:
-    """How many `cudamedic.fix.applied` events of this fleet the Prefect server holds since
-    `since` (the server filters on the fleet label: another fleet's events, or a flood of
-    them, never take this fleet's pages); None when it cannot be asked (no API, down, slow: 2 s
-    per call, no retries). CountUnknown when there are more than `max_pages` pages: a count cut
-    short would loosen the cap."""
+    """How many fixes this fleet started since `since`: its `cudamedic.fix.started` events on
+    the Prefect server (every attempt; the server filters on the fleet label, so another fleet's
+    events, or a flood of them, never take this fleet's pages); None when it cannot be asked (no
+    API, down, slow: 2 s per call, no retries). CountUnknown when there are more than
+    `max_pages` pages: a count cut short would loosen the cap."""
     from runbooks.prefect_api import call
 
     body = {

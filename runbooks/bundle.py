@@ -191,6 +191,17 @@ def _entries(folder: Path, before: int) -> list[Path]:
     return sorted(found)
 
 
+def is_bundle_dir(root: Path) -> bool:
+    """Does this directory hold any file of the bundle layout (bundle.json, nvidia-smi.txt,
+    dmesg.txt, trigger.txt, commands/*, containers/*, ...)?"""
+    try:
+        return any(
+            f.is_file() and in_layout(f.relative_to(root).as_posix()) for f in _layout_files(root)
+        )
+    except OSError as exc:
+        raise InputError(f"{root}: cannot read: {exc}") from exc
+
+
 def _read_dir(root: Path, origin: str) -> Bundle:
     files: dict[str, str] = {}
     large: dict[str, Path] = {}

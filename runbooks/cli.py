@@ -51,8 +51,10 @@ OUTCOME_EXIT = {
     "refused": EXIT_REFUSED,
     "approval-timed-out": EXIT_REFUSED,
     "rolled-back": EXIT_ROLLED_BACK,
+    "unreachable": EXIT_UNREACHABLE,
+    "locked": EXIT_REFUSED,
 }
-JSON_COMMANDS = ("collect", "fix", "triage", "sweep", "audit")
+JSON_COMMANDS = ("collect", "fix", "triage", "sweep", "audit", "classify")
 
 
 def show(text: object, *, err: bool = False) -> None:
@@ -213,14 +215,24 @@ def cmd_classify(args: argparse.Namespace) -> int:
     if str(args.path) == "-":
         diagnosis = _classify_stdin(settings.state_path)
     else:
+        from runbooks.bundle import is_bundle_dir
         from runbooks.collect import missing_container
-        from runbooks.errors import NoSuchContainer
+        from runbooks.errors import InputError, NoSuchContainer
 
-        if Path(args.path).is_dir() and (why := missing_container(Path(args.path))):
+        path = Path(args.path)
+        if path.is_dir() and not is_bundle_dir(path):
+            raise InputError(
+                f"{path} is not an evidence bundle: it has none of a bundle's files "
+                "(bundle.json, nvidia-smi.txt, dmesg.txt, trigger.txt, containers/, commands/). "
+                "Give a bundle directory (`cudamedic collect` prints one), a bundle .tar.gz, a "
+                "log file, or - for pasted text"
+            )
+        if path.is_dir() and (why := missing_container(path)):
             raise NoSuchContainer(f"{why} (nothing to diagnose in {args.path})")
         diagnosis = classify_path(args.path, state_dir=settings.state_path)
     if args.json:
-        print(json.dumps(to_json(diagnosis), indent=2))
+        args.json_emitted = True
+        print(json.dumps(to_json(diagnosis), indent=2), file=args.json_out, flush=True)
     else:
         show(render_text(diagnosis))
         if args.explain:
@@ -239,6 +251,12 @@ def _classify_stdin(state_dir: Path) -> Any:
     from runbooks.errors import InputError
     from runbooks.redact import redact_text
 
+    if sys.stdin.isatty():  # a person at a terminal: say what the silence waits for
+        print(
+            "cudamedic: paste the error text, then press Ctrl-D on a new line (Ctrl-C cancels)",
+            file=sys.stderr,
+            flush=True,
+        )
     data = sys.stdin.buffer.read(STDIN_MAX_BYTES + 1)
     if len(data) > STDIN_MAX_BYTES:
         raise InputError(f"standard input is over {STDIN_MAX_BYTES // 2**20} MiB: pass a file")
@@ -400,6 +418,10 @@ def cmd_triage(args: argparse.Namespace) -> int:
         from runbooks.errors import NoSuchContainer
 
         raise NoSuchContainer(response.detail)
+    if response.outcome == "locked":  # nothing was written: the fix that holds it reports
+        from runbooks.errors import FixLocked
+
+        raise FixLocked(response.detail)
     _say_failures(response.host, Path(response.bundle))
     reason, failed = _failures(Path(response.bundle))
     _show_response(response)
@@ -485,21 +507,41 @@ def cmd_approve(args: argparse.Namespace) -> int:
             "--by is gone: an answer is given as your OS user (os:USER), which the setting "
             "approver_os_users maps to an approver (deploy/OPERATIONS.md, 'Who may approve')"
         )
+    from uuid import UUID
+
+    try:
+        UUID(args.run_id)  # before a Prefect server is asked (or started)
+    except ValueError:
+        raise InputError(
+            f"{args.run_id!r} is not a flow run id: give the id `cudamedic triage` printed "
+            "(`cudamedic approve 0b9f...`)"
+        ) from None
     settings = _settings(args)
     _prefect(args, settings)
-    from flows.triage import answer, verdict
+    from flows.triage import VERDICT_WAIT_S, acted_since, answer, verdict
 
     decision, by = ("reject" if args.reject else "approve"), cli_claim()
-    sent = now() - timedelta(seconds=5)  # the worker's clock may be a little behind ours
+    asked = now()
+    sent = asked - timedelta(seconds=5)  # the worker's clock may be a little behind ours
     print(answer(args.run_id, decision, by, args.reason or ""))
     judged = verdict(args.run_id, by, sent)
+    if judged is None and acted_since(args.run_id, asked):
+        print(
+            "the flow took the answer; its verdict is not in the audit trail yet: `cudamedic audit`"
+        )
+        return EXIT_OK
     if judged is None:
-        print("the flow has not said yet whether it takes the answer; `cudamedic audit` will")
-    elif judged.get("refusal"):
+        print(
+            f"cudamedic: flow run {args.run_id} did not take the answer within "
+            f"{VERDICT_WAIT_S:g} s: the process that ran it is gone (interrupted or killed), "
+            "so it can no longer act. Respond again with `cudamedic triage`.",
+            file=sys.stderr,
+        )
+        return EXIT_FAILED
+    if judged.get("refusal"):
         print(f"cudamedic: refused by the flow: {judged['refusal']}", file=sys.stderr)
         return EXIT_REFUSED
-    else:
-        print(f"taken: {decision} by {judged.get('identity')}")
+    print(f"taken: {decision} by {judged.get('identity')}")
     return 0
 
 
@@ -581,6 +623,12 @@ def _show_sweep(result: SweepRun, counts: dict[str, int]) -> None:
         subject = f" ({c.subject})" if c.subject else ""
         level = f" [{c.level}]" if c.level else ""
         show(f"  {c.change:8} {c.host}: {c.code}{subject}{level} {c.message[:160]}")
+    for n in result.not_checked:
+        subject = f" ({n.subject})" if n.subject else ""
+        show(
+            f"  {'not checked':11} {n.host}: {n.code}{subject} [{n.level}] {n.why}; "
+            "kept as the last sweep saw it"
+        )
     for run_id in result.responses:
         show(f"  incident response started: flow run {run_id}")
     show(f"report:    {result.report}")
@@ -592,7 +640,7 @@ def _sweep_result(
     result: SweepRun, code: int, counts: dict[str, int], still: dict[str, list[str]]
 ) -> SweepResult:
     """The --json object of `sweep` (docs/cli-json.md)."""
-    from runbooks.cli_json import SweepChange, SweepResult
+    from runbooks.cli_json import SweepChange, SweepNotChecked, SweepResult
 
     return SweepResult(
         exit_code=code,
@@ -611,6 +659,12 @@ def _sweep_result(
                 message=c.message,
             )
             for c in result.changes
+        ],
+        not_checked=[
+            SweepNotChecked(
+                host=n.host, code=n.code, subject=n.subject or None, level=n.level, why=n.why
+            )
+            for n in result.not_checked
         ],
         responses=result.responses,
         report=result.report,
@@ -749,8 +803,9 @@ def bash_completion(parser: argparse.ArgumentParser) -> str:
     sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
     cases = []
     for name, p in sub.choices.items():
-        words = [o for a in p._actions for o in a.option_strings]
-        words += [str(c) for a in p._actions if not a.option_strings for c in a.choices or ()]
+        shown = [a for a in p._actions if a.help != argparse.SUPPRESS]  # never a gone flag
+        words = [o for a in shown for o in a.option_strings]
+        words += [str(c) for a in shown if not a.option_strings for c in a.choices or ()]
         cases.append(f'        {name}) words="{" ".join(words)}" ;;')
     top = [o for a in parser._actions for o in a.option_strings] + list(sub.choices)
     return "\n".join(
@@ -1013,18 +1068,55 @@ def main(argv: list[str] | None = None) -> int:
     import contextlib
 
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = _parse(parser, argv)
     _logging(args.verbose)
     json_mode = args.command in JSON_COMMANDS and bool(getattr(args, "json", False))
     # --json: the one object goes to the real stdout; everything else a command says to stderr.
     args.json_out, args.json_emitted = sys.stdout, False
-    with contextlib.redirect_stdout(sys.stderr) if json_mode else contextlib.nullcontext():
-        code, error = _run(args)
-    if json_mode and not args.json_emitted:
-        from runbooks.cli_json import ErrorResult
+    try:
+        with contextlib.redirect_stdout(sys.stderr) if json_mode else contextlib.nullcontext():
+            code, error = _run(args)
+        if json_mode and not args.json_emitted:
+            from runbooks.cli_json import ErrorResult
 
-        _emit(args, ErrorResult(command=args.command, exit_code=code, error=error or "failed"))
+            _emit(args, ErrorResult(command=args.command, exit_code=code, error=error or "failed"))
+    except BrokenPipeError:
+        return _reader_gone()
     return code
+
+
+def _reader_gone() -> int:
+    """Standard output's reader went away (`cudamedic classify - | head`): what it wanted was
+    written; stop quietly, as cat or grep do, and keep Python from complaining at exit."""
+    import os
+
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass
+    return EXIT_OK
+
+
+def _parse(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
+    """Parse; an option the subcommand does not have is that subcommand's error (its own usage,
+    not the top level's), with the closest option it does have."""
+    import difflib
+
+    args, extra = parser.parse_known_args(argv)
+    if not extra:
+        return args
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    command: argparse.ArgumentParser = sub.choices[args.command]
+    options = [o for a in command._actions if a.help != argparse.SUPPRESS for o in a.option_strings]
+    hints = []
+    for word in extra:
+        if word.startswith("-"):
+            close = difflib.get_close_matches(word.split("=", 1)[0], options, n=1, cutoff=0.6)
+            if close:
+                hints.append(f"{word}: did you mean {close[0]}?")
+    message = f"unrecognized arguments: {' '.join(extra)}"
+    command.error(message + (" (" + "; ".join(hints) + ")" if hints else ""))
 
 
 def _run(args: argparse.Namespace) -> tuple[int, str | None]:
@@ -1054,9 +1146,12 @@ def _run(args: argparse.Namespace) -> tuple[int, str | None]:
         return fail(EXIT_REFUSED, "refused", str(exc))
     except CudamedicError as exc:
         return fail(EXIT_INTERNAL, "error", str(exc))
-    except KeyboardInterrupt:
-        print("cudamedic: interrupted", file=sys.stderr)
-        return EXIT_INTERRUPTED, "interrupted"
+    except BrokenPipeError:  # the reader of standard output went away: main() stops quietly
+        raise
+    except KeyboardInterrupt as exc:  # flows/triage.py says what became of a response
+        said = safe(str(exc))
+        print(f"cudamedic: interrupted{': ' + said if said else ''}", file=sys.stderr)
+        return EXIT_INTERRUPTED, "interrupted" + (f": {said}" if said else "")
     except Exception as exc:  # a bug or an unexpected failure: one line, the details with -v
         if args.verbose:
             raise

@@ -33,6 +33,7 @@ from runbooks.remote.runner import CommandResult, CommandRunner, LocalRunner
 from runbooks.remote.ssh import SshRunner
 from runbooks.runbook import Runbook, load_runbook
 from runbooks.settings import Settings
+from runbooks.smi_guard import SmiGuard
 from runbooks.sources import NCCL_TESTS_PATH, ContainerProbe, HostSource
 from runbooks.target import Target
 
@@ -96,7 +97,7 @@ def _result_from_command(
 ) -> SourceResult:
     if res.timed_out:
         status = "timeout"
-        error: str | None = f"timed out after {res.duration_s:g}s"
+        error: str | None = res.note or f"timed out after {res.duration_s:g}s"
     elif res.exit_code in ok_codes:
         status, error = "ok", None
     else:
@@ -178,6 +179,10 @@ def _run_nccl_tests(runner: CommandRunner, settings: Settings, writer: _Writer) 
     gpus = settings.nccl_tests_gpus
     if gpus is None:
         listing = runner.run("nvidia-smi -L", timeout=settings.command_timeout, max_bytes=65536)
+        if listing.timed_out:  # hung, or not started beside a hung one (runbooks/smi_guard.py)
+            note = listing.note or "nvidia-smi -L timed out"
+            writer.add(SourceResult(name=name, status="skipped", note=note))
+            return
         gpus = sum(
             1
             for ln in listing.stdout.decode("utf-8", "replace").splitlines()
@@ -478,8 +483,10 @@ def _collect_sources(
     engine: DockerEngine | None = None
     try:
         runner = _open_runner(target, settings, writer)
+        # nvidia-smi one at a time, none while a hung one runs, killed at its timeout
+        guarded = SmiGuard(runner) if runner is not None else None
         with concurrent.futures.ThreadPoolExecutor(max_workers=4) as pool:
-            futures = _start_host_sources(pool, runner, runbook, settings, writer)
+            futures = _start_host_sources(pool, guarded, runbook, settings, writer)
             # Docker, beside the host commands.
             engine = _open_engine(runner, target, settings, writer)
             if engine is not None:

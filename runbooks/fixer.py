@@ -14,9 +14,10 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from runbooks import fixlock
 from runbooks.classify import classify_path
 from runbooks.collect import collect, engine_session, missing_container
-from runbooks.errors import CudamedicError, FixError, NoSuchContainer
+from runbooks.errors import CudamedicError, FixError, FixLocked, NoSuchContainer
 from runbooks.fixes import plan_fix
 from runbooks.fixlock import docker_time
 from runbooks.journal import Journal, applied_within, audit, container_lock, now, who
@@ -102,6 +103,12 @@ def plan_for(
     """The fix plan for `container` from its diagnosis (None when there is no safe fix)."""
     container = container_name(container)
     with engine_session(target, settings) as engine:
+        if (held := fixlock.read(engine, container)) is not None:
+            raise FixLocked(
+                f"another fix of {target.name}/{container} holds its lock on the target (held "
+                f"by {held.holder.who}); nothing was done: wait for it, then respond again if "
+                "the container still fails"
+            )
         inspect = engine.inspect(container)
         image_id = engine.image_id(str((inspect.get("Config") or {}).get("Image") or ""))
         image_env = _image_env(engine, str(inspect.get("Image") or ""))
@@ -176,8 +183,10 @@ def refusal(
         return f"the fleet's fix count is unknown ({exc}): unattended fixes are refused"
     if recent >= policy.max_fixes_per_hour:
         return (
-            f"blast-radius limit: {recent} fixes applied in the last hour (policy allows "
-            f"{policy.max_fixes_per_hour}); wait, or raise max_fixes_per_hour"
+            f"blast-radius limit: {recent} fix attempt(s) started in fleet {settings.fleet} in "
+            f"the last hour, the policy allows {policy.max_fixes_per_hour}. Every attempt counts, "
+            "a rolled-back or interrupted one too (it stopped and restarted its workload as well); "
+            "wait, or raise max_fixes_per_hour"
         )
     return None
 
@@ -221,13 +230,16 @@ def execute(
         outcome = apply_plan(engine, plan, settings, journal, redact_json(current))
         audit(
             settings.state_path,
-            "outcome",
+            "applied" if outcome.status == "fixed" else "fix-failed",
             host=target.name,
             container=plan.container,
             incident=plan.incident,
             outcome=outcome.status,
             message=outcome.message,
             checks=[c.model_dump() for c in outcome.checks],
+            approved_by=approved_by,
+            unattended=unattended,
+            fleet=settings.fleet,
         )
         if outcome.status != "fixed":
             outcome = outcome.model_copy(
@@ -353,9 +365,12 @@ def postmortem(
     ended = now()
     down_since, running = _workload_state(prepared.bundle, container)
     restored = _restored_at(settings, host, container, outcome, ended)
+    stopped_at, back_at = _fix_downtime(settings, host, container, outcome)
     final = outcome.status if outcome is not None else (status or "diagnosed")
     timeline.append(TimelineEvent(at=ended, event=f"outcome: {final}"))
-    actions = _action_items(prepared, settings, container, outcome, final)
+    failed = outcome is not None and outcome.status != "fixed"
+    cause = failure_cause(outcome.message) if outcome is not None and failed else None
+    actions = _action_items(prepared, settings, host, container, outcome, final, cause)
     return PostMortem(
         host=host,
         container=container,
@@ -370,7 +385,7 @@ def postmortem(
         outcome_detail=redact_text(outcome.message if outcome is not None else detail),
         approval=redact_text(approval) if approval else None,
         evidence=d.evidence,
-        secondary=d.secondary,
+        secondary=_strong_secondary(d),
         docker_run_diff=plan.diff if plan else (),
         checks=_check_results(outcome),
         timeline=tuple(sorted(timeline, key=lambda e: e.at)),
@@ -379,14 +394,43 @@ def postmortem(
         bundle=prepared.bundle,
         similar=d.similar,
         basis=d.basis,
-        failure_cause=failure_cause(outcome.message)
-        if outcome is not None and outcome.status != "fixed"
-        else None,
+        failure_cause=cause,
         triggered_by=triggered_by or who(),
         down_since=None if running else down_since,
         running_at_collection=running,
         restored_at=restored,
+        fix_stopped_at=stopped_at,
+        fix_back_at=back_at,
     )
+
+
+def _strong_secondary(d: Diagnosis) -> tuple[str, ...]:
+    """The other classes a post-mortem's root cause names: only candidates as strong as a root
+    cause (`rules.STRONG`), never the symptoms the primary explains (a bus error read as an OOM
+    kill, /dev/shm's "No space left on device" read as a full disk)."""
+    from runbooks.rules import STRONG
+
+    if not d.matches:
+        return d.secondary
+    strong = (m.incident for m in d.matches[1:] if m.confidence >= STRONG)
+    return tuple(dict.fromkeys(i for i in strong if i != d.incident))
+
+
+def _fix_downtime(
+    settings: Settings, host: str, container: str | None, outcome: Outcome | None
+) -> tuple[datetime | None, datetime | None]:
+    """When the fix stopped a running container (its journal's `stop`), and when it ran again:
+    the replacement verified, or the original restarted by a rollback (None: not running)."""
+    if outcome is None or not container:
+        return None, None
+    at: dict[str, datetime] = {}
+    for r in Journal(settings.state_path, host, container).current():
+        with contextlib.suppress(ValueError):
+            at.setdefault(str(r.get("step")), datetime.fromisoformat(str(r.get("at"))))
+    if "stop" not in at:
+        return None, None  # it was not running: the workload's own downtime says it all
+    back = at.get("verified") if outcome.status in ("fixed", "recovered") else at.get("rolled-back")
+    return at["stop"], back
 
 
 def _restored_at(
@@ -449,12 +493,16 @@ def _journal_timeline(settings: Settings, host: str, container: str) -> list[Tim
 def _action_items(
     prepared: Prepared,
     settings: Settings,
+    host: str,
     container: str | None,
     outcome: Outcome | None,
     final: str,
+    cause: str | None = None,
 ) -> list[str]:
     """What people should do next: after a fix, watch it and fix the launch configuration at its
-    source; otherwise the diagnosis's manual steps, after why the fix did not happen."""
+    source; after a fix that failed, the manual step for what its own error points at (`cause`:
+    install the toolkit on that host) and the retry; otherwise the diagnosis's manual steps,
+    after why the fix did not happen."""
     if outcome is not None and outcome.status == "fixed":
         return [
             f"Watch {container}'s next run; the backup {outcome.backup} is kept for "
@@ -464,6 +512,18 @@ def _action_items(
         ]
     fix = prepared.diagnosis.fix
     actions = list(fix.steps) if fix is not None else []
+    if outcome is not None and cause is not None:
+        from runbooks.fixes import MANUAL
+        from runbooks.taxonomy import Incident
+
+        steps = [f"On {host}: {s}" for s in MANUAL.get(Incident(cause), ())]
+        retry = (
+            f"Then respond again: `cudamedic triage {host} --container {container} --apply`; "
+            "the same fix should now hold."
+            if container
+            else "Then respond again with `cudamedic triage`."
+        )
+        return [*steps, retry] if steps else [f"Fix what the failure points at ({cause}).", retry]
     if outcome is not None:
         actions.insert(0, f"Read the outcome: {outcome.message}")
     elif prepared.plan is not None and final != "planned":

@@ -25,7 +25,7 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any, Literal
 
-from runbooks.errors import ContainerNotFound, EngineError, FixError
+from runbooks.errors import ContainerNotFound, EngineError, FixError, FixLocked
 from runbooks.journal import who
 from runbooks.model import Frozen
 from runbooks.names import FIX_LOCK_SUFFIX
@@ -273,7 +273,7 @@ def acquire(engine: DockerEngine, record: FixRecord, image: str, lease_s: float)
         engine.create(name, body, host, None)
     except EngineError as exc:
         if "Conflict" in str(exc) or "already in use" in str(exc):
-            raise FixError(
+            raise FixLocked(
                 f"another fix of {engine.where}/{record.name} is running (lock {name} on the "
                 "target); try again later"
             ) from None
@@ -288,7 +288,7 @@ def take_over(engine: DockerEngine, lock: Lock, lease_s: float) -> Lock:
     """Make a dead holder's lock ours (FixError while its holder may still be working)."""
     live = why_live(lock, engine_now(engine), me(lease_s), _alive_here(lock.holder))
     if live is not None:
-        raise FixError(
+        raise FixLocked(
             f"another fix of {engine.where}/{lock.record.name} is running (lock "
             f"{lock_name(lock.record.name)} held by {lock.holder.who}: {live}); try again later"
         )

@@ -35,11 +35,21 @@ STEPS: dict[str, str] = {
 _log = logging.getLogger(LOGGER)
 _log.propagate = False  # never the root logger's terminal handler (-v): only an attached view
 _log.setLevel(logging.INFO)
+_open: list[str] = []  # the steps of this process begun and not ended, oldest first
+
+
+def running() -> str | None:
+    """The step of this process that runs now (None: none), e.g. `apply` while a fix runs."""
+    return _open[-1] if _open else None
 
 
 def _say(kind: str, step: str, detail: str = "", **extra: Any) -> None:
     if step not in STEPS:
         raise ValueError(f"unknown progress step {step!r}")
+    if kind == "begin" and step not in _open:
+        _open.append(step)
+    elif kind == "end" and step in _open:
+        _open.remove(step)
     _log.info(
         "%s %s%s",
         kind,

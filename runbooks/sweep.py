@@ -104,7 +104,7 @@ def assess(
     )
     if health.error is not None:
         return HostResult(health=health)
-    d = diagnose(facts, host=name)
+    d = diagnose(facts, host=name, source_status=source_status)
     if d.incident in (Incident.HEALTHY, Incident.UNKNOWN):
         return HostResult(health=health)
     findings = list(health.findings)
@@ -135,7 +135,14 @@ def assess(
 
 def failed_result(name: str, error: str) -> HostResult:
     f = HealthFinding(code="check-failed", level="warning", message=error[:500])
-    return HostResult(health=HostHealth(host=name, verdict="warning", findings=(f,), error=error))
+    health = HostHealth(
+        host=name,
+        verdict="warning",
+        findings=(f,),
+        error=error,
+        unchecked={"": "the host's check failed"},  # its last findings stay as they were
+    )
+    return HostResult(health=health)
 
 
 def check_hosts(

@@ -143,10 +143,19 @@ def make_container(gpu_engine: docker.DockerClient) -> Iterator[object]:
 
     yield make
     for client, name in made:
-        try:
-            client.containers.get(name).remove(force=True)
-        except docker.errors.NotFound:
-            pass
+        remove_made(client, name)
+
+
+def remove_made(client: docker.DockerClient, name: str) -> None:
+    """Remove a test's container and what fixes of it left beside it (its backups
+    `NAME-cudamedic-backup-*`, its lock `NAME-cudamedic-fix-lock`): the lab is shared with
+    `make demo`, whose sweeps must see only the problems the lab plants."""
+    for c in client.containers.list(all=True, filters={"name": name}):
+        if c.name == name or c.name.startswith(f"{name}-cudamedic-"):
+            try:
+                c.remove(force=True)
+            except docker.errors.NotFound:
+                pass
 
 
 def pytest_terminal_summary(terminalreporter: object) -> None:

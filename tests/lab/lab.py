@@ -253,7 +253,8 @@ def _import_image(engine: EngineInfo, rootfs: bytes) -> None:
 _NVIDIA_SMI = """#!/bin/sh
 # cudamedic lab: replays recorded nvidia-smi output for scenario {scenario}
 D={data}
-[ -f "$D/nvidia-smi.hang" ] && exec sleep 3600
+# A hung nvidia-smi stays an nvidia-smi process (not exec'd away), as on a real host.
+[ -f "$D/nvidia-smi.hang" ] && {{ sleep 3600; exit 1; }}
 rc="$(cat "$D/nvidia-smi.rc" 2>/dev/null || echo 0)"
 case "$*" in
   "-L") f="$D/nvidia-smi-L.txt" ;;
