@@ -309,6 +309,7 @@ def incident_response(
         run.mark("no such container", missing)
         return finish(run.response(container, bundle, missing))
     diagnosis = _diagnose(run, bundle)
+    diagnosis = _dcgm_diag(run, bundle, diagnosis)
     subject = container or diagnosis.container
     prepared = Prepared(bundle=bundle, diagnosis=diagnosis, recovered=recovered)
     prepared, no_plan = _plan(run, subject, prepared)
@@ -447,6 +448,31 @@ def _diagnose(run: _Run, bundle: str) -> Diagnosis:
     run.mark("diagnosed", said)
     tag_run(run.run_id, f"incident:{diagnosis.incident}")
     return diagnosis
+
+
+@task(name="dcgm-diagnostic", cache_policy=NO_CACHE, retries=0)
+def dcgm_diag_task(target: Target, settings: Settings, bundle: str) -> str:
+    from runbooks.dcgm import run_diag
+
+    result = run_diag(target, settings, Path(bundle))
+    return f"{result.command or 'dcgmi diag'}: {result.status}" + (
+        f" ({result.error or result.note})" if result.error or result.note else ""
+    )
+
+
+def _dcgm_diag(run: _Run, bundle: str, diagnosis: Diagnosis) -> Diagnosis:
+    """A suspected hardware fault on a host with DCGM: run `dcgmi diag -r 1` (seconds, read-only)
+    into the bundle and diagnose again, so DCGM's own verdict is part of the evidence."""
+    from runbooks.dcgm import has_dcgm
+    from runbooks.taxonomy import Incident
+
+    if diagnosis.incident != Incident.GPU_HARDWARE_FAULT or not has_dcgm(Path(bundle)):
+        return diagnosis
+    progress.begin("dcgm", "dcgmi diag -r 1")
+    said = dcgm_diag_task.with_options(timeout_seconds=180)(run.tgt, run.settings, bundle)
+    progress.end("dcgm", said)
+    run.mark("DCGM diagnostic", said)
+    return _diagnose(run, bundle)
 
 
 def _plan(run: _Run, subject: str | None, prepared: Prepared) -> tuple[Prepared, str | None]:

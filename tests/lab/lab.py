@@ -280,6 +280,18 @@ D={data}
 sleep "$(cat "$D/nccl-tests.seconds" 2>/dev/null || echo 1)"
 cat "$D/nccl-tests.txt"
 """
+_DCGMI = """#!/bin/sh
+# cudamedic lab: replays recorded dcgmi output for scenario {scenario}
+D={data}
+case "$*" in
+  "discovery -l") f="$D/dcgmi-discovery.txt" ;;
+  "health -c") f="$D/dcgmi-health.txt" ;;
+  "diag -r "*) f="$D/dcgmi-diag.txt" ;;
+  *) exit 2 ;;
+esac
+[ -f "$f" ] && cat "$f"
+exit 0
+"""
 _CAT = """#!/bin/sh
 cat {data}/{file}
 """
@@ -342,6 +354,8 @@ def _scripts(scenario: Scenario) -> dict[str, str]:
     for tool in ("nvidia-ctk", "nvidia-container-toolkit"):
         if f"{tool}.txt" in scenario.files:
             scripts[tool] = _CAT.replace("{file}", f"{tool}.txt")
+    if "dcgmi-discovery.txt" in scenario.files:  # NVIDIA DCGM on this host
+        scripts["dcgmi"] = _DCGMI
     if "lsmod.txt" in scenario.files:
         scripts["lsmod"] = _CAT.replace("{file}", "lsmod.txt")
     return scripts
