@@ -194,6 +194,7 @@ def fleet_health_check(
     run_id = str(flow_run.get_id() or "") or None
     links = {"Prefect flow run": u} if (u := run_url(run_id)) else {}
     summary = _summary(started, results, changes, links)
+    _record_metrics(settings, results, started, summary.ended_at)
     responses = _start_responses(results, changes, run_id) if start_incidents else {}
     path = _publish(settings, summary, changes, responses)
     counts = summarize(changes)
@@ -216,6 +217,19 @@ def fleet_health_check(
         responses=list(responses.values()),
         flow_run_url=links.get("Prefect flow run"),
     )
+
+
+def _record_metrics(
+    settings: Settings, results: list[HostResult], started: datetime, ended: datetime
+) -> None:
+    """The sweep's verdicts for /metrics (flows/metrics.py); a failure to keep them is logged,
+    never the sweep's failure."""
+    from flows.metrics import record_sweep
+
+    try:
+        record_sweep(settings, results, ended, (ended - started).total_seconds())
+    except Exception as exc:
+        get_run_logger().warning("sweep metrics not kept: %s: %s", type(exc).__name__, exc)
 
 
 def _in_this_run(

@@ -967,6 +967,13 @@ def _classify_parser(sub: Subparsers) -> None:
     p.set_defaults(func=cmd_classify)
 
 
+def _operators() -> tuple[Callable[[Subparsers], None], ...]:
+    """`metrics` and `history` (runbooks/cli_operators.py)."""
+    from runbooks import cli_operators
+
+    return (cli_operators.metrics_parser,)
+
+
 # Every subcommand, in the order `cudamedic --help` lists them. A new one: a `_NAME_parser`
 # function above (its arguments, `set_defaults(func=cmd_NAME)`) and its place here.
 SUBCOMMANDS: tuple[Callable[[Subparsers], None], ...] = (
@@ -985,6 +992,7 @@ SUBCOMMANDS: tuple[Callable[[Subparsers], None], ...] = (
     _breaker_parser,
     _completion_parser,
     _classify_parser,
+    *_operators(),
 )
 
 
