@@ -341,7 +341,10 @@ def cmd_confirm(args: argparse.Namespace) -> int:
     from runbooks.journal import who
 
     settings = _settings(args)
-    incident = confirm(settings.state_path, args.report, args.by or who(), args.incident)
+    _prefect(args, settings)  # the history is the fleet's, in Prefect (runbooks/history.py)
+    incident = confirm(
+        settings.state_path, args.report, args.by or who(), args.incident, fleet=settings.fleet
+    )
     print(
         f"confirmed: {Path(args.report).name} is {incident}; it is now cited as a known "
         "incident of this team"
@@ -971,7 +974,7 @@ def _operators() -> tuple[Callable[[Subparsers], None], ...]:
     """`metrics` and `history` (runbooks/cli_operators.py)."""
     from runbooks import cli_operators
 
-    return (cli_operators.metrics_parser,)
+    return (cli_operators.metrics_parser, cli_operators.history_parser)
 
 
 # Every subcommand, in the order `cudamedic --help` lists them. A new one: a `_NAME_parser`

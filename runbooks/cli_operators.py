@@ -50,3 +50,68 @@ def cmd_metrics(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         return 0
     return 0
+
+
+def history_parser(sub: Any) -> None:
+    p = sub.add_parser(
+        "history", help="the team's post-mortems (the fleet's history): list and search them"
+    )
+    p.add_argument("--host", help="only this host")
+    p.add_argument("--class", dest="incident", help="only this incident class")
+    p.add_argument("--since", help="only from this date on (YYYY-MM-DD) or the last N days (Nd)")
+    p.add_argument("--confirmed", action="store_true", help="only confirmed causes")
+    p.add_argument("--json", action="store_true", help="one JSON object per line")
+    p.set_defaults(func=cmd_history)
+
+
+def since_date(text: str | None) -> str | None:
+    """`2026-11-02` or `7d` -> the first date to list (ISO), None for all."""
+    from datetime import UTC, date, datetime, timedelta
+
+    from runbooks.errors import InputError
+
+    if not text:
+        return None
+    if text.endswith("d") and text[:-1].isdigit() and len(text) <= 6:
+        return (datetime.now(UTC).date() - timedelta(days=int(text[:-1]))).isoformat()
+    try:
+        return date.fromisoformat(text).isoformat()
+    except ValueError:
+        raise InputError(
+            f"--since {text!r}: a date (YYYY-MM-DD) or a number of days (7d)"
+        ) from None
+
+
+def cmd_history(args: argparse.Namespace) -> int:
+    import json
+
+    from runbooks.cli import _prefect, _settings
+    from runbooks.history import reports
+    from runbooks.names import display
+
+    first = since_date(args.since)
+    settings = _settings(args)
+    _prefect(args, settings)
+    rows = [
+        r
+        for r in reports(settings.state_path, settings.fleet)
+        if (not args.host or r.get("host") == args.host)
+        and (not args.incident or r.get("incident") == args.incident)
+        and (not first or str(r.get("when") or "") >= first)
+        and (not args.confirmed or r.get("confirmed_by"))
+    ]
+    for r in rows:
+        if args.json:
+            keep = ("id", "when", "host", "container", "incident", "conclusion", "fix")
+            out = {k: r.get(k) for k in keep}
+            out.update(report=r.get("report"), confirmed_by=r.get("confirmed_by"))
+            print(json.dumps(out, sort_keys=True))
+            continue
+        who = f"confirmed by {r['confirmed_by']}" if r.get("confirmed_by") else "not confirmed"
+        where = display(f"{r.get('host')}" + (f"/{r['container']}" if r.get("container") else ""))
+        print(f"{r.get('when')}  {where}  {r.get('incident')}  ({who})")
+        print(f"    {display(str(r.get('conclusion') or ''))[:200]}")
+        print(f"    {display(str(r.get('report') or ''))}")
+    if not rows and not args.json:
+        print("no post-mortem matches")
+    return 0
