@@ -57,7 +57,7 @@ def run_diag(
     name = f"dcgmi-diag-r{level}"
     command = f"dcgmi diag -r {int(level)}"
     try:
-        runner = _runner(target, settings)
+        runner = runner_for(target, settings)
     except CudamedicError as exc:
         result = SourceResult(name=name, status="error", command=command, error=str(exc))
         _record(bundle, result)
@@ -86,7 +86,7 @@ def run_diag(
     return result
 
 
-def _runner(target: Target, settings: Settings) -> CommandRunner:
+def runner_for(target: Target, settings: Settings) -> CommandRunner:
     if target.kind == "local":
         return LocalRunner()
     assert target.host is not None

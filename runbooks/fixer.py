@@ -326,6 +326,7 @@ def postmortem(
     approval: str | None = None,
     links: dict[str, str] | None = None,
     triggered_by: str | None = None,
+    extra_actions: Sequence[str] = (),
 ) -> PostMortem:
     """The post-mortem of one response. `outcome`: the fix's, when one was applied; otherwise
     `status`/`detail` say where it stopped (planned, rejected, approval-timed-out, ...)."""
@@ -341,7 +342,7 @@ def postmortem(
     restored = _restored_at(settings, host, container, outcome, ended)
     final = outcome.status if outcome is not None else (status or "diagnosed")
     timeline.append(TimelineEvent(at=ended, event=f"outcome: {final}"))
-    actions = _action_items(prepared, settings, container, outcome, final)
+    actions = [*_action_items(prepared, settings, container, outcome, final), *extra_actions]
     return PostMortem(
         host=host,
         container=container,

@@ -60,7 +60,8 @@ SCENARIOS: dict[str, Scenario] = {
             },
             # The recording's stamps are moved so its Xid 79 is 5 minutes old at lab-up:
             # inside the sweep's Xid window on any machine, whatever its uptime.
-            literal={"dmesg.recent": "300"},
+            # nvidia-bug-report.sh: a stand-in with the real tool's layout (tests/lab/lab.py)
+            literal={"dmesg.recent": "300", "nvidia-bug-report": "1"},
             planted="gpu-hardware-fault",
         ),
         Scenario(
