@@ -110,8 +110,8 @@ def cmd_history(args: argparse.Namespace) -> int:
         who = f"confirmed by {r['confirmed_by']}" if r.get("confirmed_by") else "not confirmed"
         where = display(f"{r.get('host')}" + (f"/{r['container']}" if r.get("container") else ""))
         print(f"{r.get('when')}  {where}  {r.get('incident')}  ({who})")
-        print(f"    {display(str(r.get('conclusion') or ''))[:200]}")
-        print(f"    {display(str(r.get('report') or ''))}")
+        print(f"    {display(str(r.get('conclusion') or ''), 200)}")
+        print(f"    {display(str(r.get('report') or ''), 300)}")
     if not rows and not args.json:
         print("no post-mortem matches")
     return 0

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 from pathlib import Path
 
@@ -241,3 +242,54 @@ def test_the_dcgm_exporter_rules_file_is_valid_for_prometheus() -> None:
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "SUCCESS: 7 rules found" in proc.stdout
     assert rules.read_text().count("Hostname") >= 7  # every alert names the host as DCGM does
+
+
+def test_every_dcgmi_parser_takes_any_text_built_from_its_own_pieces() -> None:
+    """Hypothesis: lines made of the layouts' own pieces (borders, arrows, results, cut cells) in
+    any order and length never raise, and every cited line is a line of the input."""
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    pieces = st.sampled_from(
+        [
+            "| ",
+            " |",
+            "|",
+            "+-----  Hardware  ---+---+",
+            "|-----  Deployment  --+--|",
+            "-> ",
+            "-> 0",
+            "-> Errors",
+            "Fail - GPU: 0",
+            "Pass",
+            "GPU1: Fail",
+            "Warning",
+            "Failure",
+            "Overall Health",
+            "Memory system",
+            "GPU ID: 3",
+            "PCIe system: Warning - x",
+            "Error:",
+            "8 GPUs found.",
+            "Name: ",
+            "PCI Bus ID: ",
+            " " * 45,
+            "\n",
+            "{",
+            "\x00",
+            "é",
+        ]
+    )
+
+    @settings(max_examples=300, deadline=None)
+    @given(st.lists(pieces, max_size=200))
+    def check(parts: list[str]) -> None:
+        text = "".join(parts)
+        lines = text.split("\n")
+        for parser in (parse_dcgmi_discovery, parse_dcgmi_health, parse_dcgmi_diag):
+            facts = parser(text)
+            dumped = json.dumps(facts.model_dump(mode="json"))
+            for number in re.findall(r'"line": (\d+)', dumped):
+                assert 1 <= int(number) <= len(lines), (number, text[:300])
+
+    check()
