@@ -55,6 +55,7 @@ from runbooks.inventory import load_inventory
 from runbooks.journal import audit, now, who
 from runbooks.model import Diagnosis, SimilarIncident
 from runbooks.recreate import Outcome
+from runbooks.rma import BugReport
 from runbooks.runbook import Runbook, load_runbook
 from runbooks.settings import Settings, load_settings
 from runbooks.target import Target, resolve_target
@@ -336,6 +337,7 @@ def incident_response(
         run.mark("no such container", missing)
         return finish(run.stopped(container, bundle, "no-such-container", missing))
     diagnosis = _diagnose(run, bundle)
+    diagnosis = _dcgm_diag(run, bundle, diagnosis)
     subject = container or diagnosis.container
     prepared = Prepared(bundle=bundle, diagnosis=diagnosis, recovered=recovered)
     if (unreached := finding_message(Path(bundle), "target-unreachable")) is not None:
@@ -354,6 +356,11 @@ def incident_response(
         result = _approve_and_apply(run, prepared, approved_by)
         if result.status == "locked":
             return finish(run.stopped(subject, bundle, "locked", result.detail))
+    extra = []
+    if diagnosis.incident == GPU_HARDWARE_FAULT:
+        item, approval = _rma(run, prepared, approved_by, apply)
+        extra.append(item)
+        result.approval = result.approval or approval
     pm = postmortem(
         prepared,
         run.settings,
@@ -368,6 +375,7 @@ def incident_response(
         approval=result.approval,
         links=run.links,
         triggered_by=approved_by or who(),
+        extra_actions=extra,
     )
     return finish(_report(run, prepared, subject, pm, result))
 
@@ -499,6 +507,85 @@ def _diagnose(run: _Run, bundle: str) -> Diagnosis:
     run.mark("diagnosed", said)
     tag_run(run.run_id, f"incident:{diagnosis.incident}")
     return diagnosis
+
+
+@task(name="dcgm-diagnostic", cache_policy=NO_CACHE, retries=0)
+def dcgm_diag_task(target: Target, settings: Settings, bundle: str) -> str:
+    from runbooks.dcgm import run_diag
+
+    result = run_diag(target, settings, Path(bundle))
+    return f"{result.command or 'dcgmi diag'}: {result.status}" + (
+        f" ({result.error or result.note})" if result.error or result.note else ""
+    )
+
+
+def _dcgm_diag(run: _Run, bundle: str, diagnosis: Diagnosis) -> Diagnosis:
+    """A suspected hardware fault on a host with DCGM: run `dcgmi diag -r 1` (seconds, read-only)
+    into the bundle and diagnose again, so DCGM's own verdict is part of the evidence."""
+    from runbooks.dcgm import has_dcgm
+    from runbooks.taxonomy import Incident
+
+    if diagnosis.incident != Incident.GPU_HARDWARE_FAULT or not has_dcgm(Path(bundle)):
+        return diagnosis
+    progress.begin("dcgm", "dcgmi diag -r 1")
+    said = dcgm_diag_task.with_options(timeout_seconds=180)(run.tgt, run.settings, bundle)
+    progress.end("dcgm", said)
+    run.mark("DCGM diagnostic", said)
+    return _diagnose(run, bundle)
+
+
+GPU_HARDWARE_FAULT = "gpu-hardware-fault"
+RMA_OFFER = (
+    "RMA evidence: run nvidia-bug-report.sh on the host (the driver's logs NVIDIA asks for with "
+    "an RMA; a minute or more, read-only). Approve to run it."
+)
+
+
+@task(name="rma-evidence", cache_policy=NO_CACHE, retries=0)
+def rma_task(target: Target, settings: Settings) -> BugReport:
+    from runbooks.dcgm import runner_for
+    from runbooks.errors import CudamedicError
+    from runbooks.rma import run_bug_report
+
+    try:
+        runner = runner_for(target, settings)
+    except CudamedicError as exc:
+        return BugReport(status="error", error=str(exc))
+    try:
+        return run_bug_report(runner, settings.bug_report_command)
+    finally:
+        runner.close()
+
+
+def _rma(
+    run: _Run, prepared: Prepared, approved_by: str | None, apply: bool
+) -> tuple[str, str | None]:
+    """A hardware fault: offer to run nvidia-bug-report.sh behind the same approval as a fix
+    (an approval given up front, or a person's answer to the paused run); the post-mortem's
+    "open an RMA" item, and who answered."""
+    from runbooks.bundle import open_bundle
+    from runbooks.facts import gather
+    from runbooks.rma import rma_item
+
+    with open_bundle(Path(prepared.bundle)) as b:
+        facts = gather(b)
+    report, said = None, None
+    if apply:
+        if approved_by:
+            up_front = Approval(decision="approve", by=approved_by, reason="approved up front")
+            decision = _judged(run, prepared, up_front)
+        else:
+            decision = _wait_for_approval(prepared, run, extra=RMA_OFFER)
+        if decision is not None:
+            said = f"{decision.decision} by {decision.by}"
+        if decision is not None and decision.decision == "approve":
+            progress.begin("apply", f"nvidia-bug-report.sh on {run.tgt.name}")
+            report = rma_task.with_options(timeout_seconds=1000)(run.tgt, run.settings)
+            progress.end("apply", report.status)
+            run.mark("RMA evidence", f"nvidia-bug-report.sh: {report.status}")
+        else:
+            run.mark("RMA evidence not collected", said or "nobody answered")
+    return rma_item(facts, report, offered=apply), said
 
 
 def _plan(
@@ -658,14 +745,15 @@ def _report(
     )
 
 
-def _wait_for_approval(prepared: Prepared, run: _Run) -> Approval | None:
-    """Pause the flow run until a person answers; None when nobody did in time."""
+def _wait_for_approval(prepared: Prepared, run: _Run, extra: str = "") -> Approval | None:
+    """Pause the flow run until a person answers; None when nobody did in time. `extra`: what
+    else the answer allows (the RMA evidence of a hardware fault), shown with the plan."""
     from runbooks.fixer import render_plan
 
     tgt, book, run_id, mark, thread = run.tgt, run.book, run.run_id, run.mark, run.thread
-
+    plan_text = render_plan(prepared) + (f"\n{extra}" if extra else "")
     text = (
-        f"# Fix waiting for approval: {tgt.name}\n\n```text\n{render_plan(prepared)}\n```\n\n"
+        f"# Fix waiting for approval: {tgt.name}\n\n```text\n{plan_text}\n```\n\n"
         f"Approve: `cudamedic approve {run_id}`; reject: `cudamedic approve {run_id} --reject`\n"
     )
     create_markdown_artifact(

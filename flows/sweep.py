@@ -207,6 +207,7 @@ def fleet_health_check(
     _tag_verdicts(run_id, results)
     links = {"Prefect flow run": u} if (u := run_url(run_id)) else {}
     summary = _summary(started, results, changes, links)
+    _record_metrics(settings, results, started, summary.ended_at)
     responses = _start_responses(results, changes, run_id) if start_incidents else {}
     path = _publish(settings, summary, changes, responses)
     counts = summarize(changes)
@@ -256,6 +257,19 @@ def _tag_verdicts(run_id: str | None, results: list[HostResult]) -> None:
         else "healthy"
     )
     tag_run(run_id, f"verdict:{worst}", *(f"drain:{h}" for h in drain[:MAX_HOST_TAGS]))
+
+
+def _record_metrics(
+    settings: Settings, results: list[HostResult], started: datetime, ended: datetime
+) -> None:
+    """The sweep's verdicts for /metrics (flows/metrics.py); a failure to keep them is logged,
+    never the sweep's failure."""
+    from flows.metrics import record_sweep
+
+    try:
+        record_sweep(settings, results, ended, (ended - started).total_seconds())
+    except Exception as exc:
+        get_run_logger().warning("sweep metrics not kept: %s: %s", type(exc).__name__, exc)
 
 
 def _in_this_run(

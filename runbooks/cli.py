@@ -359,7 +359,10 @@ def cmd_confirm(args: argparse.Namespace) -> int:
     from runbooks.journal import who
 
     settings = _settings(args)
-    incident = confirm(settings.state_path, args.report, args.by or who(), args.incident)
+    _prefect(args, settings)  # the history is the fleet's, in Prefect (runbooks/history.py)
+    incident = confirm(
+        settings.state_path, args.report, args.by or who(), args.incident, fleet=settings.fleet
+    )
     print(
         f"confirmed: {Path(args.report).name} is {incident}; it is now cited as a known "
         "incident of this team"
@@ -1022,6 +1025,13 @@ def _classify_parser(sub: Subparsers) -> None:
     p.set_defaults(func=cmd_classify)
 
 
+def _operators() -> tuple[Callable[[Subparsers], None], ...]:
+    """`metrics` and `history` (runbooks/cli_operators.py)."""
+    from runbooks import cli_operators
+
+    return (cli_operators.metrics_parser, cli_operators.history_parser)
+
+
 # Every subcommand, in the order `cudamedic --help` lists them. A new one: a `_NAME_parser`
 # function above (its arguments, `set_defaults(func=cmd_NAME)`) and its place here.
 SUBCOMMANDS: tuple[Callable[[Subparsers], None], ...] = (
@@ -1040,6 +1050,7 @@ SUBCOMMANDS: tuple[Callable[[Subparsers], None], ...] = (
     _breaker_parser,
     _completion_parser,
     _classify_parser,
+    *_operators(),
 )
 
 

@@ -122,6 +122,10 @@ def _run_host_source(
     runner: CommandRunner, src: HostSource, settings: Settings, writer: _Writer
 ) -> None:
     timeout = src.timeout or settings.command_timeout
+    if src.requires and not _installed(runner, src.requires):
+        missing = f"{src.requires} not found on the host"
+        writer.add(SourceResult(name=src.name, status="skipped", note=missing))
+        return
     res = runner.run(
         src.command, timeout=timeout, max_bytes=settings.output_max_bytes, keep=src.keep
     )
@@ -158,6 +162,11 @@ def _run_host_source(
     writer.add(
         _result_from_command(src.name, src.path if body else None, res, src.ok_exit_codes, note)
     )
+
+
+def _installed(runner: CommandRunner, program: str) -> bool:
+    """Is `program` on the host's PATH? (`command -v`, quoted; 10 s)"""
+    return runner.run(f"command -v {shlex.quote(program)}", timeout=10, max_bytes=4096).ok
 
 
 def _run_nccl_tests(runner: CommandRunner, settings: Settings, writer: _Writer) -> None:

@@ -352,6 +352,7 @@ def postmortem(
     approval: str | None = None,
     links: dict[str, str] | None = None,
     triggered_by: str | None = None,
+    extra_actions: Sequence[str] = (),
 ) -> PostMortem:
     """The post-mortem of one response. `outcome`: the fix's, when one was applied; otherwise
     `status`/`detail` say where it stopped (planned, rejected, approval-timed-out, ...)."""
@@ -370,7 +371,10 @@ def postmortem(
     timeline.append(TimelineEvent(at=ended, event=f"outcome: {final}"))
     failed = outcome is not None and outcome.status != "fixed"
     cause = failure_cause(outcome.message) if outcome is not None and failed else None
-    actions = _action_items(prepared, settings, host, container, outcome, final, cause)
+    actions = [
+        *_action_items(prepared, settings, host, container, outcome, final, cause),
+        *extra_actions,
+    ]
     return PostMortem(
         host=host,
         container=container,
@@ -595,7 +599,21 @@ def save_postmortem(pm: PostMortem, settings: Settings, markdown: str | None = N
     text = markdown if markdown is not None else render_markdown(pm)
     path = save_report(settings.reports_path, report_name(pm), text)
     remember(pm, path, settings)
+    if settings.reports_git:
+        _to_git(settings, path, pm)
     return path
+
+
+def _to_git(settings: Settings, path: Path, pm: PostMortem) -> None:
+    """Commit the post-mortem to the team's repository (`reports_git`); a git failure is
+    logged, never the response's (the report is already written)."""
+    from reports.gitstore import GitFailed, publish
+
+    assert settings.reports_git is not None
+    try:
+        log.info("reports_git: %s", publish(settings.reports_git, settings.state_path, path, pm))
+    except (GitFailed, OSError) as exc:
+        log.warning("post-mortem %s not committed to reports_git: %s", path.name, exc)
 
 
 def _history_text(pm: PostMortem) -> str:
@@ -633,6 +651,7 @@ def remember(pm: PostMortem, report: Path, settings: Settings) -> None:
             fix=fix,
             confirmed_by="verified fix" if pm.outcome == "fixed" else None,
             when=pm.started_at,
+            fleet=settings.fleet,
         )
     except OSError as exc:
         log.warning("could not add %s to the incident history: %s", report, exc)

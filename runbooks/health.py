@@ -129,6 +129,7 @@ def check_host(
     found += _containers(facts, thresholds)
     found += _disks(facts, thresholds)
     found += _nccl(facts)
+    found += dcgm_findings(facts)
     unique = {f.key: f.model_copy(update={"incident": incident_of(f.code)}) for f in found}
     ordered = sorted(unique.values(), key=lambda f: (-_RANK[f.level], f.code, f.subject))
     return HostHealth(
@@ -634,6 +635,42 @@ def _nccl(facts: Facts) -> list[HealthFinding]:
     ]
 
 
+def dcgm_findings(facts: Facts) -> list[HealthFinding]:
+    """What NVIDIA DCGM itself reported, in its own words: a health incident (`dcgmi health -c`:
+    Failure drains, Warning warns) and a failed diagnostic test (`dcgmi diag`: a hardware,
+    integration or stress test, or the GPU's retired-page/InfoROM records, drains; a failed
+    deployment test is the host's setup, a warning). A host without DCGM gives none."""
+    dcgm = facts.dcgm
+    if dcgm is None:
+        return []
+    out = []
+    for i in dcgm.health.incidents if dcgm.health is not None else ():
+        system = i.system.lower().removesuffix(" system").replace(" ", "-")
+        out.append(
+            HealthFinding(
+                code=f"dcgm-health-{system}"[:60],
+                level="drain" if i.status == "Failure" else "warning",
+                subject=f"gpu{i.gpu}",
+                message=f"DCGM health, {i.system} of GPU {i.gpu}: {i.status}"
+                + (f": {i.message[:400]}" if i.message else ""),
+                evidence=(i.line,),
+            )
+        )
+    for t in dcgm.diag.failed if dcgm.diag is not None else ():
+        gpus = ", ".join(t.failed_gpus) or "?"
+        out.append(
+            HealthFinding(
+                code="dcgm-diag-fail" if t.hardware else "dcgm-diag-setup",
+                level="drain" if t.hardware else "warning",
+                subject=t.name,
+                message=f"DCGM diagnostic {t.section} / {t.name}: Fail (GPU {gpus})"
+                + (f": {t.message[:400]}" if t.message else ""),
+                evidence=tuple(ln for ln in (t.line, t.message_line) if ln is not None),
+            )
+        )
+    return out
+
+
 # The taxonomy class each finding code is evidence of: one table, the ids a diagnosis uses.
 _INCIDENT_OF: dict[str, Incident] = {
     "nvidia-smi-hung": Incident.GPU_HARDWARE_FAULT,
@@ -666,13 +703,16 @@ _INCIDENT_OF: dict[str, Incident] = {
     "container-cuda-cache-growing": Incident.UNKNOWN,
     "disk-full": Incident.DISK_FULL,
     "nccl-bandwidth-low": Incident.NCCL_SLOW_TRANSPORT,
+    "dcgm-diag-fail": Incident.GPU_HARDWARE_FAULT,
+    # a failed deployment test (persistence mode, a library, an environment variable): setup
+    "dcgm-diag-setup": Incident.UNKNOWN,
 }
 
 
 def incident_of(code: str) -> Incident:
     """The taxonomy class a finding code is evidence of (unknown: host-unreachable,
     check-failed, nvidia-smi-error/-unrecognized say nothing about a class)."""
-    if code.startswith("ecc-"):
+    if code.startswith(("ecc-", "dcgm-health-")):
         return Incident.GPU_HARDWARE_FAULT
     if code.startswith("xid-") and code[4:].isdigit():
         info = knowledge.xid_info(int(code[4:]))

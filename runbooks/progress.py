@@ -24,6 +24,7 @@ STEPS: dict[str, str] = {
     "recover": "finishing an interrupted fix",
     "collect": "collecting evidence",
     "classify": "diagnosing",
+    "dcgm": "running NVIDIA DCGM's diagnostic",
     "plan": "planning the fix",
     "approval": "waiting for approval",
     "apply": "applying the fix (recreate the container, then verify it)",

@@ -194,6 +194,7 @@ def gpu_hardware_fault(facts: Facts) -> Match | None:
         _kernel_one_gpu_failing(facts, facts.kernel, proof)
     _quoted_fault_xids(facts, proof)
     _smi_faults(facts, proof)
+    _dcgm_faults(facts, proof)
     if not proof.lines:
         return _hardware_signature_only(facts, match)
     return _boost(
@@ -291,6 +292,25 @@ def _smi_faults(facts: Facts, proof: _Proof) -> None:
         if tripped:
             text = f"GPU {xgpu.bus_id}: {', '.join(tripped)}"
             proof.add([Line(source="nvidia-smi.xml", line=0, text=text)], 0.9, text)
+
+
+def _dcgm_faults(facts: Facts, proof: _Proof) -> None:
+    """NVIDIA DCGM's own verdicts, cited in its words: a failed hardware, integration or stress
+    diagnostic test (or the GPU's retired-page/InfoROM records), and a health incident of
+    Failure. Warnings (a power or thermal clock event) and failed setup tests prove no fault."""
+    dcgm = facts.dcgm
+    if dcgm is None:
+        return
+    for t in dcgm.diag.failed if dcgm.diag is not None else ():
+        if t.hardware:
+            lines = [ln for ln in (t.line, t.message_line) if ln is not None]
+            gpus = ", ".join(t.failed_gpus) or "?"
+            said = f": {t.message[:240]}" if t.message else ""
+            proof.add(lines, 0.9, f"DCGM diagnostic {t.name} failed on GPU {gpus}{said}")
+    for i in dcgm.health.incidents if dcgm.health is not None else ():
+        if i.status == "Failure":
+            said = f": {i.message[:240]}" if i.message else ""
+            proof.add([i.line], 0.85, f"DCGM health: {i.system} of GPU {i.gpu} Failure{said}")
 
 
 def _hardware_signature_only(facts: Facts, match: Match | None) -> Match | None:

@@ -61,6 +61,14 @@ class Settings(BaseSettings):
     fix_lease_s: float | None = Field(default=None, gt=0)
     # Reports and the Prefect service
     report_dir: Path | None = None  # default: OUT_DIR/reports
+    # a git repository (path or remote, bare or not) each post-mortem is also committed to, with
+    # an index page (reports/gitstore.py); None: none
+    reports_git: str | None = Field(default=None, max_length=1000)
+    # how a response runs NVIDIA's bug report on a host (it needs root: e.g. "sudo -n
+    # nvidia-bug-report.sh" for a non-root SSH user with a sudoers rule for it)
+    bug_report_command: str = Field(
+        default="nvidia-bug-report.sh", pattern=r"^[A-Za-z0-9_./ -]{1,200}$"
+    )
     sweep_schedule: str = "*/15 * * * *"  # cron for `cudamedic serve`
     sweep_timezone: str = "UTC"
     prefect_port: int = Field(default=4200, gt=0, lt=65536)  # the embedded local server
