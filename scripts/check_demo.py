@@ -28,6 +28,8 @@ EXPECTED_FIRST_SWEEP = {
     ("gpu-mismatch", "driver-library-mismatch", ""),
     ("gpu-nodriver", "driver-not-loaded", ""),
     ("gpu-xid79", "xid-79", "0000:02:00"),
+    # its DCGM (a recorded `dcgmi health -c` of a real L4) warns of the power it sees
+    ("gpu-xid79", "dcgm-health-power", "gpu0"),
     ("gpu-slow-nccl", "nccl-bandwidth-low", ""),
     ("gpu-notoolkit", "toolkit-missing", ""),
     ("gpu-nohook", "toolkit-old", ""),
@@ -118,10 +120,30 @@ def check(steps: Path, state_of: StateOf) -> list[str]:
     return problems
 
 
+def _auth_headers() -> dict[str, str]:
+    """The demo's embedded server asks for its API auth string (PREFECT_API_AUTH_STRING, else
+    the one it keeps in its PREFECT_HOME under the demo's state dir)."""
+    import base64
+    import os
+
+    auth = os.environ.get("PREFECT_API_AUTH_STRING")
+    if not auth:
+        sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+        from flows.server import AUTH_FILE, prefect_home
+        from runbooks.settings import load_settings
+
+        try:
+            auth = (prefect_home(load_settings()) / AUTH_FILE).read_text(encoding="utf-8").strip()
+        except OSError:
+            return {}
+    return {"Authorization": "Basic " + base64.b64encode(auth.encode()).decode()}
+
+
 def prefect_state(ui: str, run_id: str) -> tuple[str, str] | None:
     """(state type, state name) of a flow run, asked of the Prefect server the demo used."""
+    request = urllib.request.Request(f"{ui}/api/flow_runs/{run_id}", headers=_auth_headers())
     try:
-        with urllib.request.urlopen(f"{ui}/api/flow_runs/{run_id}", timeout=10) as resp:  # noqa: S310 - the demo's own server
+        with urllib.request.urlopen(request, timeout=10) as resp:  # noqa: S310 - the demo's own server
             run = json.load(resp)
     except (OSError, ValueError):
         return None
