@@ -162,10 +162,13 @@ def pytest_terminal_summary(terminalreporter: object) -> None:
     """Print the reliability figures and the corpus accuracy table after the run."""
     from tests.reliability.figures import table
     from tests.test_corpus import REPORT
+    from tests.test_rounds import FIGURES as ROUNDS
 
     write = terminalreporter.write_line  # type: ignore[attr-defined]
     for line in table():
         write(line)
+    for round_, (right, total) in sorted(ROUNDS.items()):
+        write(f"blind round {round_} (tests/rounds, not in the corpus): {right}/{total} right")
     if not REPORT:
         return
     write(f"corpus accuracy: {REPORT['correct']}/{REPORT['total']} = {REPORT['accuracy']:.3f}")
