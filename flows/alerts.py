@@ -232,6 +232,17 @@ def receive(
 EXAMPLE_TOKENS = frozenset({"change-me-long-random"})  # deploy/systemd/cudamedic.env.example
 
 
+def check_token(token: str) -> None:
+    """Refuse no token, and the example file's (every copy of it would accept the same one)."""
+    if not token:
+        raise InputError("the alert receiver needs a token (CUDAMEDIC_ALERT_TOKEN)")
+    if token in EXAMPLE_TOKENS:
+        raise InputError(
+            "CUDAMEDIC_ALERT_TOKEN is the example's (deploy/systemd/cudamedic.env.example): set "
+            "a long random one of your own (`openssl rand -hex 32`)"
+        )
+
+
 def make_server(
     host: str,
     port: int,
@@ -243,13 +254,7 @@ def make_server(
 ) -> HttpServer:
     """The receiver: POST /alertmanager with `Authorization: Bearer <token>`; GET /health.
     `key`: the fleet's approval_key, which signs each start."""
-    if not token:
-        raise InputError("the alert receiver needs a token (CUDAMEDIC_ALERT_TOKEN)")
-    if token in EXAMPLE_TOKENS:
-        raise InputError(
-            "CUDAMEDIC_ALERT_TOKEN is the example's (deploy/systemd/cudamedic.env.example): set "
-            "a long random one of your own (`openssl rand -hex 32`)"
-        )
+    check_token(token)
     limits = limits or Limits()
     expected = f"Bearer {token}".encode()
 

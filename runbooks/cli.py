@@ -707,6 +707,9 @@ def cmd_alerts(args: argparse.Namespace) -> int:
     settings = _settings(args)
     inventory = _required_inventory(settings, "the alert receiver")
     token = settings.alert_token.get_secret_value() if settings.alert_token else ""
+    from flows.alerts import check_token
+
+    check_token(token)  # before a Prefect server is asked (or started)
     _prefect(args, settings)
     from flows.alerts import SEEN_TTL_S, make_server
     from flows.fleet_state import Memory
@@ -760,6 +763,8 @@ def cmd_server(args: argparse.Namespace) -> int:
     import os
 
     from flows.server import (
+        AUTH_FILE,
+        auth_string,
         ensure_local_server,
         foreign_server,
         healthy,
@@ -781,6 +786,9 @@ def cmd_server(args: argparse.Namespace) -> int:
             "dir's embedded server, which no command uses while PREFECT_API_URL is set"
         )
     url, home = local_url(settings), prefect_home(settings)
+    if (home / AUTH_FILE).exists() and not os.environ.get("PREFECT_API_AUTH_STRING"):
+        # ask this state dir's server as its clients do: it answers who it is only with it
+        os.environ["PREFECT_API_AUTH_STRING"] = auth_string(settings)
     other = foreign_server(settings)
     if args.action == "start":
         ensure_local_server(settings)

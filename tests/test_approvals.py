@@ -190,3 +190,34 @@ def _trail_from_another_machine(
         e["record"]["approved_by"] for e in applied if e["record"]["container"] == container
     ] == ["U0CAROL"]
     assert not (tmp / "other-state" / "audit.jsonl").exists()  # nothing local was read
+
+
+def test_a_rejection_is_taken_and_said(
+    env: dict[str, str],  # noqa: F811
+    make_container: Any,
+    container_name: str,
+    gpu_engine: Any,
+    volume: str,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    """`approve --reject` waited for the event `cudamedic.approval.rejectd` (issue 30: the name
+    was made by adding "d" to the decision) and said the flow had not answered; an automation
+    on `.rejected` never fired."""
+    shm_container(make_container, container_name, volume)
+    env = {**env, **RULE}
+    proc, run_id = _triage({**env, "SUDO_USER": "alice"}, container_name)
+    try:
+        no = cudamedic({**env, "SUDO_USER": "carol"}, "approve", run_id, "--reject")
+        assert no.returncode == 0 and "taken: reject by U0CAROL" in no.stdout, no
+        rest, err = proc.communicate(timeout=180)
+    finally:
+        proc.kill()
+    assert proc.returncode == 4 and field(rest, "outcome").startswith("rejected"), rest + err
+    assert gpu_engine.containers.get(container_name).attrs["HostConfig"]["ShmSize"] == 64 << 20
+    out = cudamedic(env, "audit", "--json", "--host", "gpu-healthy", "--since", "1h")
+    events = [
+        e["event"]
+        for e in json.loads(out.stdout)["events"]
+        if e["record"].get("flow_run") == run_id and "decision" in e["record"]
+    ]
+    assert events == ["cudamedic.approval.rejected"], events
