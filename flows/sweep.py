@@ -208,7 +208,7 @@ def fleet_health_check(
     links = {"Prefect flow run": u} if (u := run_url(run_id)) else {}
     summary = _summary(started, results, changes, links)
     _record_metrics(settings, results, started, summary.ended_at)
-    responses = _start_responses(results, changes, run_id) if start_incidents else {}
+    responses = _start_responses(results, changes, run_id, settings) if start_incidents else {}
     path = _publish(settings, summary, changes, responses)
     counts = summarize(changes)
     get_run_logger().info(
@@ -381,12 +381,18 @@ def summarize_verdicts(results: list[HostResult]) -> dict[str, int]:
 
 
 def _start_responses(
-    results: list[HostResult], changes: list[HostChange], sweep_run: str | None
+    results: list[HostResult], changes: list[HostChange], sweep_run: str | None, settings: Settings
 ) -> dict[str, str]:
     """Start an incident response (a run of the deployment) for each host with news; host ->
     flow run id. Fire and forget: a response may wait hours for an approval; the sweep must
-    not. Each carries the sweep's run id as a tag (`sweep:<id>`)."""
+    not. Each carries the sweep's run id as a tag (`sweep:<id>`), and the sweep's signature of
+    its start when the fleet has an approval_key (runbooks/approvals.py)."""
     from prefect.deployments import run_deployment
+
+    from runbooks.approvals import start_proof
+
+    key = settings.approval_key.get_secret_value() if settings.approval_key else ""
+    detected_by = "cudamedic fleet sweep"
 
     news = {c.host for c in changes if c.change != "resolved"}
     started: dict[str, str] = {}
@@ -399,7 +405,10 @@ def _start_responses(
                     "target": r.health.host,
                     "container": r.container,
                     "trigger_text": trigger,
-                    "detected_by": "cudamedic fleet sweep",
+                    "detected_by": detected_by,
+                    "origin": start_proof(key, detected_by, r.health.host, r.container or "")
+                    if key
+                    else None,
                 },
                 tags=[f"sweep:{sweep_run}"] if sweep_run else None,
                 timeout=0,

@@ -213,16 +213,17 @@ def plain_plan(markdown: str) -> str:
     return fenced.group(2) if fenced else markdown
 
 
-def answer(run_id: str, decision: str, by: str, reason: str = "") -> str:
-    """Resume a paused incident response with a person's decision. A second answer, or one for
-    a run that no longer waits, changes nothing and says so."""
+def answer(run_id: str, decision: str, by: str, reason: str = "", proof: str = "") -> str:
+    """Resume a paused (or suspended) incident response with a person's decision. A second
+    answer, or one for a run that no longer waits, changes nothing and says so. `proof`: the
+    signature that establishes `by` (runbooks/approvals.py)."""
     from prefect.flow_runs import resume_flow_run
 
     try:
         uid = UUID(run_id)
     except ValueError:
         raise InputError(f"{run_id!r} is not a flow run id") from None
-    approval = Approval(decision=decision, by=by, reason=reason)
+    approval = Approval(decision=decision, by=by, reason=reason, proof=proof)
     with get_client(sync_client=True) as client:
         try:
             run = client.read_flow_run(uid)
@@ -240,6 +241,16 @@ def answer(run_id: str, decision: str, by: str, reason: str = "") -> str:
 
 
 VERDICT_WAIT_S = 60.0  # a live flow takes an answer within seconds (it polls every 2 s)
+RESUME_WAIT_S = 300.0  # a suspended one: a worker takes it and collects evidence first
+
+
+def queued(run_id: str) -> bool:
+    """Is the run scheduled again or starting (a suspended run that was answered), not yet
+    running its flow?"""
+    with get_client(sync_client=True) as client:
+        run = client.read_flow_run(UUID(run_id))
+    state = run.state
+    return state is not None and (state.is_scheduled() or state.is_pending())
 
 
 def verdict(

@@ -131,6 +131,10 @@ def detection(pm: PostMortem) -> str:
         what = "A fleet health sweep found it"
     elif how.startswith("Slack"):
         what = f"Someone asked in Slack ({inert(how.removeprefix('Slack').strip())})"
+    elif how == "prefect deployment run":
+        # created through the Prefect API (`prefect deployment run`, the UI): whoever holds its
+        # credentials, not the worker's user that ran it
+        what = "A run of the incident-response deployment was started through the Prefect API"
     elif pm.triggered_by:
         what = f"{inert(pm.triggered_by)} ran {code(how)}"
     else:

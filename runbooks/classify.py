@@ -161,6 +161,9 @@ def _from_rules(
 ) -> Diagnosis:
     """The strongest match decides; on thin evidence its confidence is capped and said so."""
     primary = matches[0]
+    fix = propose_fix(primary, facts)
+    if fix is not None and fix.container:  # the container whose own evidence shows the fault
+        common = {**common, "container": fix.container}
     confidence = min(primary.confidence, THIN_CONFIDENCE) if thin else primary.confidence
     summary = _summary(primary)
     if thin:
@@ -174,7 +177,7 @@ def _from_rules(
         summary=summary,
         evidence=primary.evidence,
         secondary=tuple(dict.fromkeys(m.incident for m in matches[1:])),
-        fix=propose_fix(primary, facts),
+        fix=fix,
         matches=tuple(matches),
         basis="thin-evidence" if thin else "evidence",
         next_checks=knowledge.class_info(primary.incident).next

@@ -54,7 +54,7 @@ OUTCOME_EXIT = {
     "unreachable": EXIT_UNREACHABLE,
     "locked": EXIT_REFUSED,
 }
-JSON_COMMANDS = ("collect", "fix", "triage", "sweep", "audit", "classify")
+JSON_COMMANDS = ("collect", "fix", "triage", "sweep", "audit", "classify", "pending")
 
 
 def show(text: object, *, err: bool = False) -> None:
@@ -412,10 +412,10 @@ def cmd_triage(args: argparse.Namespace) -> int:
             container=args.container,
             trigger=args.trigger,
             apply=args.apply,
-            approved_by=cli_claim() if args.yes else None,  # judged by the flow's rule
+            approved_by=cli_claim(settings) if args.yes else None,  # judged by the flow's rule
             ask=_confirm if interactive else None,
             say=show,
-            actor=cli_claim(),
+            actor=cli_claim(settings),
         )
     if response.outcome == "no-such-container":
         from runbooks.errors import NoSuchContainer
@@ -521,16 +521,30 @@ def cmd_approve(args: argparse.Namespace) -> int:
         ) from None
     settings = _settings(args)
     _prefect(args, settings)
-    from flows.triage import VERDICT_WAIT_S, acted_since, answer, verdict
+    from flows.triage import RESUME_WAIT_S, VERDICT_WAIT_S, acted_since, answer, queued, verdict
+    from runbooks.approvals import answer_proof
 
-    decision, by = ("reject" if args.reject else "approve"), cli_claim()
+    decision, by = ("reject" if args.reject else "approve"), cli_claim(settings)
+    key = settings.approval_key
+    # signed with the fleet's approval key where this host holds it: the flow then knows the OS
+    # user was established on a trusted host, not merely claimed (runbooks/approvals.py)
+    proof = answer_proof(key.get_secret_value(), "os", args.run_id, decision, by) if key else ""
     asked = now()
     sent = asked - timedelta(seconds=5)  # the worker's clock may be a little behind ours
-    print(answer(args.run_id, decision, by, args.reason or ""))
-    judged = verdict(args.run_id, by, sent)
+    print(answer(args.run_id, decision, by, args.reason or "", proof))
+    # a suspended run (a worker's) is scheduled again: a worker takes it and collects first
+    suspended = queued(args.run_id)
+    judged = verdict(args.run_id, by, sent, RESUME_WAIT_S if suspended else VERDICT_WAIT_S)
     if judged is None and acted_since(args.run_id, asked):
         print(
             "the flow took the answer; its verdict is not in the audit trail yet: `cudamedic audit`"
+        )
+        return EXIT_OK
+    if judged is None and queued(args.run_id):
+        print(
+            f"the answer is kept with flow run {args.run_id}, which waits for a worker of its "
+            f"pool to take it (none did within {RESUME_WAIT_S:g} s): it is judged when one does "
+            "(`cudamedic pending`, `cudamedic audit`)"
         )
         return EXIT_OK
     if judged is None:
@@ -678,7 +692,11 @@ def _sweep_result(
 def cmd_serve(args: argparse.Namespace) -> int:
     settings = _settings(args)
     _prefect(args, settings)
+    from flows.announce import warnings
     from flows.serve import serve
+
+    for line in warnings(settings):
+        show(f"cudamedic: warning: {line}", err=True)
 
     serve(settings)
     return 0
@@ -689,6 +707,9 @@ def cmd_alerts(args: argparse.Namespace) -> int:
     settings = _settings(args)
     inventory = _required_inventory(settings, "the alert receiver")
     token = settings.alert_token.get_secret_value() if settings.alert_token else ""
+    from flows.alerts import check_token
+
+    check_token(token)  # before a Prefect server is asked (or started)
     _prefect(args, settings)
     from flows.alerts import SEEN_TTL_S, make_server
     from flows.fleet_state import Memory
@@ -697,7 +718,8 @@ def cmd_alerts(args: argparse.Namespace) -> int:
     listen = args.listen or settings.alert_listen
     port = args.port if args.port is not None else settings.alert_port
     seen = Memory(ttl=SEEN_TTL_S)  # in Prefect: every replica of the receiver shares it
-    server = make_server(listen, port, token, inventory, seen, Limits.of(settings))
+    key = settings.approval_key.get_secret_value() if settings.approval_key else ""
+    server = make_server(listen, port, token, inventory, seen, Limits.of(settings), key)
     return _serve_http(server, "alert receiver: POST {base}/alertmanager")
 
 
@@ -738,7 +760,11 @@ def _serve_http(server: HttpServer, banner: str) -> int:
 def cmd_server(args: argparse.Namespace) -> int:
     """This state dir's embedded server: one per state dir, on the settings' port. A server of
     another state dir on that port is reported, never used or stopped (flows/server.py)."""
+    import os
+
     from flows.server import (
+        AUTH_FILE,
+        auth_string,
         ensure_local_server,
         foreign_server,
         healthy,
@@ -746,9 +772,23 @@ def cmd_server(args: argparse.Namespace) -> int:
         prefect_home,
         stop_local_server,
     )
+    from runbooks.errors import InputError
 
     settings = _settings(args)
+    named = os.environ.get("PREFECT_API_URL")
+    if named and args.action == "status":  # the server every other command would use
+        up = healthy(named)
+        print(f"{named}: {'up' if up else 'down'} (PREFECT_API_URL; not an embedded server)")
+        return 0 if up else 1
+    if named:
+        raise InputError(
+            f"PREFECT_API_URL names {named}: `server {args.action}` manages only this state "
+            "dir's embedded server, which no command uses while PREFECT_API_URL is set"
+        )
     url, home = local_url(settings), prefect_home(settings)
+    if (home / AUTH_FILE).exists() and not os.environ.get("PREFECT_API_AUTH_STRING"):
+        # ask this state dir's server as its clients do: it answers who it is only with it
+        os.environ["PREFECT_API_AUTH_STRING"] = auth_string(settings)
     other = foreign_server(settings)
     if args.action == "start":
         ensure_local_server(settings)
@@ -1026,10 +1066,15 @@ def _classify_parser(sub: Subparsers) -> None:
 
 
 def _operators() -> tuple[Callable[[Subparsers], None], ...]:
-    """`metrics` and `history` (runbooks/cli_operators.py)."""
+    """`metrics`, `history`, `pending` and `worker` (runbooks/cli_operators.py)."""
     from runbooks import cli_operators
 
-    return (cli_operators.metrics_parser, cli_operators.history_parser)
+    return (
+        cli_operators.metrics_parser,
+        cli_operators.history_parser,
+        cli_operators.pending_parser,
+        cli_operators.worker_parser,
+    )
 
 
 # Every subcommand, in the order `cudamedic --help` lists them. A new one: a `_NAME_parser`

@@ -138,3 +138,11 @@ class AuditResult(_Result):
     command: Literal["audit"] = "audit"
     since: str
     events: list[AuditEvent]  # oldest first
+
+
+class PendingResult(_Result):
+    """`cudamedic pending --json`: each fix that waits for a person (runbooks/approvals.py
+    WaitingApproval, plus `state`: Paused or Suspended)."""
+
+    command: Literal["pending"] = "pending"
+    approvals: list[dict[str, Any]]

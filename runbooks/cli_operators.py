@@ -115,3 +115,89 @@ def cmd_history(args: argparse.Namespace) -> int:
     if not rows and not args.json:
         print("no post-mortem matches")
     return 0
+
+
+def pending_parser(sub: Any) -> None:
+    p = sub.add_parser(
+        "pending", help="the fleet's fixes that wait for a person (from the Prefect server)"
+    )
+    p.add_argument("--all-fleets", action="store_true", help="every fleet on the server")
+    p.add_argument("--json", action="store_true", help="print one JSON object (docs/cli-json.md)")
+    p.set_defaults(func=cmd_pending)
+
+
+def cmd_pending(args: argparse.Namespace) -> int:
+    from runbooks.cli import _emit, _prefect, _settings, show
+    from runbooks.cli_json import PendingResult
+
+    settings = _settings(args)
+    _prefect(args, settings)
+    from flows.pending import pending
+
+    found = pending(None if args.all_fleets else settings.fleet)
+    if args.json:
+        _emit(args, PendingResult(exit_code=0, approvals=[p.model_dump() for p in found]))
+        return 0
+    if not found:
+        print("no fix waits for approval")
+        return 0
+    print(f"{len(found)} waiting for approval:")
+    for p in found:
+        where = p.host + (f"/{p.container}" if p.container else "")
+        show(
+            f"  {p.run_id}  {where}  {p.incident} ({p.confidence:.2f})  {p.state} since "
+            f"{p.asked_at}" + (f", expires {p.expires_at}" if p.expires_at else "")
+        )
+        show(f"      asked by {p.requester} ({p.detected_by})")
+        for line in p.diff[:10]:
+            show(f"      {line}")
+        if p.offer:
+            show(f"      {p.offer}")
+        show(f"      {p.approve}   (reject: --reject)")
+    return 0
+
+
+def worker_parser(sub: Any) -> None:
+    p = sub.add_parser(
+        "worker",
+        help="a Prefect worker of the work pool (deploy/prefect.yaml), after checking its setup",
+    )
+    p.add_argument("--pool", help="the work pool (default: CUDAMEDIC_WORK_POOL)")
+    p.add_argument("--name", help="the worker's name (default: Prefect's)")
+    p.add_argument("--limit", type=int, default=8, help="flow runs at a time (default 8)")
+    p.set_defaults(func=cmd_worker)
+
+
+def cmd_worker(args: argparse.Namespace) -> int:
+    """Check what a worker needs, say what would go unseen, then become `prefect worker start`
+    (exec: the same process, so systemd's SIGTERM reaches Prefect's handler: the worker stops
+    taking runs and exits once its running flow runs end; a run waiting for approval holds no
+    process: flows/incident.py)."""
+    import os
+    import sys
+
+    from runbooks.cli import _prefect, _settings, show
+    from runbooks.errors import InputError
+
+    settings = _settings(args)
+    pool = args.pool or settings.work_pool
+    if not pool:
+        raise InputError("name the work pool: --pool or CUDAMEDIC_WORK_POOL")
+    if args.limit < 1:
+        raise InputError("--limit must be at least 1")
+    if not os.environ.get("CUDAMEDIC_HOME"):
+        raise InputError(
+            "CUDAMEDIC_HOME is not set: deploy/prefect.yaml's runs start there (the checkout or "
+            "install with its .venv)"
+        )
+    _prefect(args, settings)
+    from flows.announce import warnings
+
+    for line in warnings(settings):
+        show(f"cudamedic: warning: {line}", err=True)
+    argv = [str(Path(sys.executable).parent / "prefect"), "worker", "start", "--pool", pool]
+    argv += ["--limit", str(args.limit), *(["--name", args.name] if args.name else [])]
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execv(argv[0], argv)  # noqa: S606 - Prefect's own command, next to this Python
+    return 0  # not reached

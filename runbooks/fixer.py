@@ -121,11 +121,17 @@ def plan_for(
             "nothing was changed — respond again if it still fails"
         )
     plan = None
-    if diagnosis.fix is not None and diagnosis.fix.safe and diagnosis.fix.change is not None:
+    fix = diagnosis.fix
+    if fix is not None and fix.container and fix.container != container.split(".", 1)[0]:
+        raise FixError(
+            f"the fix was diagnosed for {fix.container}, not {container}: nothing was planned "
+            f"for {container} (its own evidence does not show the fault)"
+        )
+    if fix is not None and fix.safe and fix.change is not None:
         plan = plan_fix(
             host=target.name,
             inspect=inspect,
-            fix=diagnosis.fix,
+            fix=fix,
             incident=diagnosis.incident,
             summary=diagnosis.summary,
             current_image_id=image_id,

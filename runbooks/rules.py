@@ -778,7 +778,11 @@ def shm_too_small(facts: Facts) -> Match | None:
             "/dev/shm is full",
         )
     if small and (match is not None or nospace) and not _disk_really_full(facts):
-        c = small[0]
+        # the container whose own log says it: another's default 64 MiB is not this fault
+        said = {ln.source for ln in [*nospace, *(match.evidence if match else ())]}
+        c = next(
+            (c for c in small if any(s.startswith(f"containers/{c.name}.") for s in said)), small[0]
+        )
         lines = [shm_line(c)]
         if match is None:
             lines.extend(nospace)

@@ -91,6 +91,18 @@ class Settings(BaseSettings):
     approvers: tuple[str, ...] = ()  # identities that approve: Slack user ids (U...), names
     approver_os_users: dict[str, str] = {}  # OS user of `cudamedic approve` -> their identity
     four_eyes: bool | None = None  # the requester may not approve (default: slack_four_eyes)
+    # A secret shared by the fleet's services (workers, `serve`, the alert receiver) and the
+    # trusted hosts where people run `cudamedic approve` (readable only by the service user:
+    # people run it through sudo). It signs what they vouch for: an OS user's answer, an alert's
+    # or a sweep's start. Without it such answers and starts are only claimed.
+    approval_key: SecretStr | None = None
+    # Where a waiting approval is announced (flows/announce.py), whoever started the response:
+    # a Slack channel of approvers (needs slack_bot_token) and/or a plain JSON webhook.
+    slack_approvals_channel: str | None = Field(default=None, pattern=r"^[A-Z0-9]{2,40}$")
+    approval_webhook: str | None = Field(default=None, pattern=r"^https?://[^\s]{1,2000}$")
+    approval_webhook_token: SecretStr | None = None  # sent as Authorization: Bearer
+    # The Prefect work pool of `cudamedic worker` (deploy/prefect.yaml's CUDAMEDIC_WORK_POOL)
+    work_pool: str | None = Field(default=None, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
     # Slack (`cudamedic slack`; docs: README "Slack"); tokens from the environment or this file
     slack_bot_token: SecretStr | None = None  # xoxb-...
     slack_signing_secret: SecretStr | None = None  # HTTP mode

@@ -25,6 +25,7 @@ from runbooks.classify import diagnose
 from runbooks.collect import collect
 from runbooks.errors import CudamedicError
 from runbooks.facts import Facts, gather
+from runbooks.fixes import fault_container
 from runbooks.health import (
     HealthFinding,
     HostChange,
@@ -129,7 +130,9 @@ def assess(
         health=health,
         incident=d.incident,
         incident_summary=d.summary,
-        container=d.container if d.container != "log" else None,
+        # the response it starts names a container only where that one's own evidence shows
+        # the fault (another container of the host must never be touched)
+        container=fault_container(d),
     )
 
 

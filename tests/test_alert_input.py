@@ -7,6 +7,10 @@ alerts join it. Real components: the alert receiver's `receive` and the tests' P
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 from flows.alerts import Seen, parse_alertmanager, receive
@@ -59,3 +63,32 @@ def test_one_request_starts_one_response_per_host(prefect_api: str) -> None:
     assert len(joined) == 499
     code, answer = receive(json.dumps(_body(_alert(9999))).encode(), INVENTORY, seen)
     assert answer["announced"] == [] and answer["ignored"][0]["why"].startswith("joined")
+
+
+def test_the_receiver_refuses_the_example_token(tmp_path: Path) -> None:
+    """deploy/systemd/cudamedic.env.example's `change-me-long-random` was accepted (issue 30):
+    every receiver installed from it would take the same token."""
+    import pytest
+
+    from flows.alerts import make_server
+    from runbooks.errors import InputError
+
+    with pytest.raises(InputError, match="example"):
+        make_server("127.0.0.1", 0, "change-me-long-random", INVENTORY, Seen())
+    inventory = tmp_path / "inventory.yaml"
+    inventory.write_text("hosts:\n  node07: {address: 10.0.0.7}\n")
+    env = {
+        **os.environ,
+        "CUDAMEDIC_INVENTORY": str(inventory),
+        "CUDAMEDIC_ALERT_TOKEN": "change-me-long-random",
+        "CUDAMEDIC_STATE_DIR": str(tmp_path / "state"),
+    }
+    done = subprocess.run(
+        [sys.executable, "-m", "runbooks.cli", "alerts", "--port", "0"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "example" in done.stderr and "Traceback" not in done.stderr
