@@ -58,7 +58,7 @@ def _escape(text: str) -> str:
 
 # -- the post-mortem in Slack's own markup (mrkdwn) ------------------------------------------------
 _MD_ESCAPED = re.compile(r"\\([\\`*_\[\]<>#!|~])")  # reports.render's escapes, undone
-_CODE_SPAN = re.compile(r"(?<!`)(`+)(?!`)(.+?)(?<!`)\1(?!`)")
+_CODE_SPAN = re.compile(r"(?<![`\\])(`+)(?!`)(.+?)(?<!`)\1(?!`)")  # not at an escaped `
 _MD_LINK = re.compile(r"\[((?:\\.|[^\]\\])*)\]\((https?://[^()\s]+)\)")
 _RULE = re.compile(r"^\|(?:\s*-+\s*\|)+$")
 

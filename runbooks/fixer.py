@@ -174,7 +174,7 @@ def refusal(
     """Why this fix may not run now, or None. `confirmed`: --yes or an interactive yes.
     `unattended`: no person approved it. The fleet-wide count in Prefect (events anyone with
     API access can emit) gates unattended fixes only, and one it cannot read whole refuses
-    them; a person's fix is counted against this machine's audit log."""
+    them; a person's fix is counted against this machine's audit log (this fleet's entries)."""
     if not confirmed and not policy.allows_unattended(plan.incident, tags):
         return (
             "--apply needs --yes (or an interactive confirmation), or a policy that allows "
@@ -182,9 +182,11 @@ def refusal(
         )
     from runbooks.audit import CountUnknown
 
-    fleet = settings.fleet if unattended or not confirmed else None
+    ask_prefect = unattended or not confirmed
     try:
-        recent = applied_within(settings.state_path, timedelta(hours=1), fleet)
+        recent = applied_within(
+            settings.state_path, timedelta(hours=1), settings.fleet, fleet_wide=ask_prefect
+        )
     except CountUnknown as exc:
         return f"the fleet's fix count is unknown ({exc}): unattended fixes are refused"
     if recent >= policy.max_fixes_per_hour:

@@ -138,10 +138,13 @@ def audit_records(state_dir: Path) -> list[dict[str, Any]]:
     return _read(state_dir / "audit.jsonl")
 
 
-def applied_within(state_dir: Path, window: timedelta, fleet: str | None = None) -> int:
-    """How many fixes were applied within the window: fleet-wide from the Prefect server's audit
-    events when `fleet` is given and the server answers, never fewer than this machine's own
-    audit log counts for that fleet (the cap must not loosen when Prefect cannot be asked)."""
+def applied_within(
+    state_dir: Path, window: timedelta, fleet: str | None = None, *, fleet_wide: bool = True
+) -> int:
+    """How many fixes were applied within the window: `fleet`'s only when it is given (another
+    fleet this machine served does not count); with `fleet_wide`, from the Prefect server's audit
+    events too when it answers, never fewer than this machine's own audit log counts for that
+    fleet (the cap must not loosen when Prefect cannot be asked)."""
     cutoff = now() - window
     local = 0
     for r in audit_records(state_dir):
@@ -155,9 +158,9 @@ def applied_within(state_dir: Path, window: timedelta, fleet: str | None = None)
             continue
         if at >= cutoff:
             local += 1
-    if fleet is None:
+    if fleet is None or not fleet_wide:
         return local
     from runbooks.audit import applied_in_fleet
 
-    fleet_wide = applied_in_fleet(fleet, cutoff)
-    return max(local, fleet_wide or 0)
+    in_prefect = applied_in_fleet(fleet, cutoff)
+    return max(local, in_prefect or 0)

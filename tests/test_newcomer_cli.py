@@ -22,7 +22,7 @@ from tests.test_flows import GPUS_ALL, cudamedic, env, field  # noqa: F401 - fix
 
 ROOT = Path(__file__).resolve().parents[1]
 CLI = [sys.executable, "-m", "runbooks.cli"]
-BUNDLE = next((ROOT / "tests" / "corpus").glob("shm-too-small--*"))  # a real incident's bundle
+BUNDLE = ROOT / "tests" / "corpus" / "shm-too-small--fastai-course-dataloader-bus-error"  # real
 BUS = "RuntimeError: DataLoader worker (pid 4242) is killed by signal: Bus error.\n"
 
 
