@@ -311,7 +311,11 @@ def test_a_waiting_approval_reaches_people_and_outlives_its_worker(
     assert set(runs) <= set(waiting), waiting
     assert waiting[first]["state"] == "Suspended" and waiting[first]["container"] == names[0]
     assert waiting[first]["requester"].startswith("api:"), waiting[first]
-    # Waiting holds no process: no flow run process of either is alive.
+    # Waiting holds no process: each run's process exits once it has suspended (a few seconds
+    # after the state is set: it flushes its logs and events first).
+    deadline = time.monotonic() + 60
+    while _processes_of(runs) and time.monotonic() < deadline:
+        time.sleep(0.5)
     assert not _processes_of(runs), _processes_of(runs)
 
     # The worker that ran the first stops on SIGTERM (what `systemctl stop` sends) at once.
