@@ -32,7 +32,7 @@ BLOCKED_EXIT = 99
 _FIND_HUNG = (
     'p=$(command -v nvidia-smi 2>/dev/null); found=""; if [ -n "$p" ]; then '
     "for pid in $(pgrep -x nvidia-smi 2>/dev/null); do "
-    'set -- $(tr "\\000" " " < /proc/$pid/cmdline 2>/dev/null); '
+    'set -- $({ tr "\\000" " " < /proc/$pid/cmdline; } 2>/dev/null); '
     'case "${1:-}" in nvidia-smi|"$p") ;; *) [ "${2:-}" = "$p" ] || continue ;; esac; '
     "age=$(ps -o etimes= -p $pid 2>/dev/null | tr -d ' '); "
     '[ -n "$age" ] && [ "$age" -gt OLDER ] || continue; '
