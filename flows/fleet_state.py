@@ -224,19 +224,6 @@ def _expired(value: Any) -> bool:
     return isinstance(until, int | float) and until < time.time()
 
 
-def _forget(name: str, tries: int = 3) -> None:
-    """Delete one Variable; gone already (another replica pruned it) is done; a server error
-    (Prefect's 503 while SQLite is busy under a burst of writes) is tried again, briefly."""
-    for attempt in range(tries):
-        try:
-            _prefect("DELETE", f"/variables/name/{urllib.parse.quote(name)}")
-            return
-        except urllib.error.HTTPError as exc:
-            if exc.code < 500 or attempt == tries - 1:
-                return  # gone already, or left for the next prune
-            time.sleep(0.2 * (attempt + 1))
-
-
 class Memory:
     """Requests already handled (signatures, retried commands, button clicks), for every replica
     and across restarts: one Prefect Variable per key, created only when absent, so the Prefect
@@ -309,6 +296,7 @@ class Memory:
             expired += [str(v.get("name")) for v in page if _expired(v.get("value"))]
             if len(page) < cls.PAGE:
                 break
-        for name in expired:
-            _forget(name)
+        for name in expired:  # Prefect's 503 (busy) is tried again by `call`
+            with contextlib.suppress(urllib.error.HTTPError):  # gone already: another replica
+                _prefect("DELETE", f"/variables/name/{urllib.parse.quote(name)}")
         return len(expired)

@@ -20,10 +20,12 @@ from prefect import get_client
 from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterName
 from prefect.exceptions import ObjectNotFound
 
+from flows.automations import ensure_crash_detection
 from flows.incident import Approval, Response, incident_response, response_name
 from runbooks.approvals import cli_run
 from runbooks.errors import InputError
 from runbooks.redact import redact_text
+from runbooks.settings import load_settings
 
 
 def triage(
@@ -44,6 +46,9 @@ def triage(
     box: dict[str, Any] = {}
 
     cli_run(name, approved_by)  # `local`, ssh:// and approved_by: for this run only
+    # Before the run's first heartbeat: an automation created or changed after it would not have
+    # seen it, and a worker killed before the next one would never be marked Crashed.
+    ensure_crash_detection(load_settings().crash_after_s)
 
     def run() -> None:
         try:
