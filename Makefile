@@ -10,8 +10,9 @@ bootstrap:
 demo: bootstrap
 	@scripts/demo.sh
 
+# --durations: where the time goes, printed on every run (issue 28)
 test: bootstrap
-	$(VENV)/pytest -q
+	$(VENV)/pytest -q --durations=30
 
 # The reliability and security suites (tests/reliability) at full size: 200 randomised
 # fault-injected recreates, 10,000 examples per parser, 2,000 forged Slack requests, ...; every

@@ -161,7 +161,7 @@ def remove_made(client: docker.DockerClient, name: str) -> None:
 def pytest_terminal_summary(terminalreporter: object) -> None:
     """Print the reliability figures and the corpus accuracy table after the run."""
     from tests.reliability.figures import table
-    from tests.test_corpus import REPORT
+    from tests.test_corpus import LORO, REPORT
     from tests.test_rounds import FIGURES as ROUNDS
 
     write = terminalreporter.write_line  # type: ignore[attr-defined]
@@ -169,11 +169,17 @@ def pytest_terminal_summary(terminalreporter: object) -> None:
         write(line)
     for round_, (right, total) in sorted(ROUNDS.items()):
         write(f"blind round {round_} (tests/rounds, not in the corpus): {right}/{total} right")
-    if not REPORT:
-        return
-    write(f"corpus accuracy: {REPORT['correct']}/{REPORT['total']} = {REPORT['accuracy']:.3f}")
-    write(f"{'class':28} {'cases':>5} {'precision':>9} {'recall':>7}")
-    for cls, n, precision, recall in REPORT["rows"]:  # type: ignore[union-attr]
-        write(f"{cls:28} {n:5d} {precision:9.2f} {recall:7.2f}")
-    for miss in REPORT["misses"]:  # type: ignore[union-attr]
-        write(f"  miss: {miss}")
+    for name, result in (("leave-one-out", REPORT), ("leave-one-repository-out", LORO)):
+        if not result:
+            continue
+        named = f"{result['right_named']}/{result['named']}"
+        write(
+            f"corpus accuracy, {name}: {result['correct']}/{result['total']} = "
+            f"{result['accuracy']:.3f}; right when a class is named: {named}"
+            + (f" ({result['groups']} repositories or sites)" if "groups" in result else "")
+        )
+        write(f"{'class':28} {'cases':>5} {'precision':>9} {'recall':>7}")
+        for cls, n, precision, recall in result["rows"]:
+            write(f"{cls:28} {n:5d} {precision:9.2f} {recall:7.2f}")
+        for miss in result["misses"]:
+            write(f"  miss: {miss}")

@@ -1,9 +1,10 @@
 """Accuracy of `classify` on the real-incident corpus (tests/corpus/*, each with its source URL).
 
-One test per case checks that classification runs and gives a valid id; the accuracy test
-computes per-class precision and recall, prints them in the session summary (see conftest) and
-fails under 95 % overall accuracy. Each case is classified leave-one-out: it is never its own
-similar incident (the packaged index holds the whole corpus). Its case.yaml (the label) is not
+One test per case checks that classification runs and gives a valid id; the accuracy tests
+compute per-class precision and recall, print them in the session summary (see conftest) and
+fail under their floors: leave-one-out (a case is never its own similar incident: the packaged
+index holds the whole corpus), 95 %; leave-one-repository-out (no case of the same repository or
+site is), 93 %. Its case.yaml (the label) is not
 part of the bundle layout and is never read as evidence. The blind first-pass figures of each
 round, beside the naive baseline (scripts/baseline.py), are in docs/accuracy.md.
 """
@@ -11,7 +12,10 @@ round, beside the naive baseline (scripts/baseline.py), are in docs/accuracy.md.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
 
 import pytest
 import yaml
@@ -21,7 +25,8 @@ from runbooks.taxonomy import Incident
 
 CORPUS = Path(__file__).parent / "corpus"
 CASES = sorted(p for p in CORPUS.iterdir() if (p / "case.yaml").exists())
-REPORT: dict[str, object] = {}
+REPORT: dict[str, Any] = {}  # leave-one-out
+LORO: dict[str, Any] = {}  # leave-one-repository-out
 
 
 def expected(case: Path) -> dict[str, object]:
@@ -79,19 +84,31 @@ def test_packaged_similar_incidents_are_the_corpus() -> None:
     assert proc.returncode == 0, proc.stderr
 
 
-def test_corpus_accuracy_at_least_95_percent() -> None:
+def source_group(url: str) -> str:
+    """The project a thread belongs to: github.com/owner/repo (lower case), else the site."""
+    parsed = urlparse(url.strip())
+    host = (parsed.hostname or "").lower().removeprefix("www.")
+    parts = [p for p in parsed.path.split("/") if p]
+    if host == "github.com" and len(parts) >= 2:
+        return f"{host}/{parts[0].lower()}/{parts[1].lower()}"
+    return host
+
+
+def _held_out(exclude_of: Callable[[Path], set[str]]) -> dict[str, Any]:
+    """Every case classified with the cases `exclude_of` names left out of the similar-incident
+    index (the rules and the words are hand-written, not learned from the corpus)."""
     truth: list[str] = []
     got: list[str] = []
     misses: list[str] = []
     for case in CASES:
         want = str(expected(case)["incident"])
-        have = classify_path(case, exclude={case.name}).incident
+        have = classify_path(case, exclude=exclude_of(case)).incident
         truth.append(want)
         got.append(have)
         if want != have:
             misses.append(f"{case.name}: expected {want}, got {have}")
     correct = sum(t == g for t, g in zip(truth, got, strict=True))
-    accuracy = correct / len(truth)
+    named = [(t, g) for t, g in zip(truth, got, strict=True) if g != Incident.UNKNOWN]
     rows = []
     for cls in sorted(set(truth) | set(got)):
         tp = sum(t == g == cls for t, g in zip(truth, got, strict=True))
@@ -100,5 +117,40 @@ def test_corpus_accuracy_at_least_95_percent() -> None:
         precision = tp / (tp + fp) if tp + fp else 1.0
         recall = tp / (tp + fn) if tp + fn else 1.0
         rows.append((cls, tp + fn, precision, recall))
-    REPORT.update(accuracy=accuracy, correct=correct, total=len(truth), rows=rows, misses=misses)
-    assert accuracy >= 0.95, f"accuracy {accuracy:.3f} < 0.95; misses: {misses}"
+    return {
+        "accuracy": correct / len(truth),
+        "correct": correct,
+        "total": len(truth),
+        "named": len(named),
+        "right_named": sum(t == g for t, g in named),
+        "rows": rows,
+        "misses": misses,
+    }
+
+
+def test_the_groups_are_repositories_or_sites() -> None:
+    assert source_group("https://github.com/NVIDIA/nccl/issues/1") == "github.com/nvidia/nccl"
+    assert source_group("https://github.com/nvidia/NCCL/pull/7#x") == "github.com/nvidia/nccl"
+    assert source_group("https://discuss.pytorch.org/t/x/1") == "discuss.pytorch.org"
+    assert source_group("https://www.reddit.com/r/a") == "reddit.com"
+
+
+def test_corpus_accuracy_at_least_95_percent() -> None:
+    """Leave-one-out: each case is never its own similar incident."""
+    result = _held_out(lambda case: {case.name})
+    REPORT.update(result)
+    assert result["accuracy"] >= 0.95, f"accuracy {result['accuracy']:.3f}: {result['misses']}"
+
+
+def test_corpus_accuracy_leave_one_repository_out() -> None:
+    """Leave-one-repository-out: no case of the same repository or site (a thread's neighbours
+    from the same project) is a similar incident of the held-out one. The figure that predicts
+    blind rounds better than leave-one-out (issue 31); the floor guards against regressions."""
+    group = {case.name: source_group(str(expected(case)["source"])) for case in CASES}
+    members: dict[str, set[str]] = {}
+    for name, g in group.items():
+        members.setdefault(g, set()).add(name)
+    result = _held_out(lambda case: members[group[case.name]])
+    result["groups"] = len(members)
+    LORO.update(result)
+    assert result["accuracy"] >= 0.93, f"accuracy {result['accuracy']:.3f}: {result['misses']}"
