@@ -67,16 +67,21 @@ def crash_detection(crash_after_s: float) -> AutomationCore:
 def ensure_crash_detection(crash_after_s: float) -> None:
     """Create the automation, or update it when its window changed; never raises (a server
     without the events service still runs responses)."""
-    want = crash_detection(crash_after_s)
+    _ensure(crash_detection(crash_after_s), "crash detection")
+
+
+def _ensure(want: AutomationCore, what: str) -> None:
+    """Create the automation `want` (by its name), or update it when its trigger (window,
+    events) is not the one wanted; never raises, says `what` could not be set up."""
     try:
         with get_client(sync_client=True) as client:
-            found = client.read_automations_by_name(NAME)
+            found = client.read_automations_by_name(want.name)
             if not found:
                 client.create_automation(want)
                 return
             _update(client, found[0], want)
     except Exception as exc:
-        log.warning("could not set up crash detection: %s: %s", type(exc).__name__, exc)
+        log.warning("could not set up %s: %s: %s", what, type(exc).__name__, exc)
 
 
 def _update(client: Any, found: Any, want: AutomationCore) -> None:
@@ -144,13 +149,4 @@ def approval_timeout(timeout_s: float) -> AutomationCore:
 def ensure_approval_timeout(timeout_s: float) -> None:
     """Create the automation, or update it when its window changed; never raises. One window
     per Prefect server: a run woken before its own runbook's timeout waits again."""
-    want = approval_timeout(timeout_s)
-    try:
-        with get_client(sync_client=True) as client:
-            found = client.read_automations_by_name(APPROVAL_NAME)
-            if not found:
-                client.create_automation(want)
-                return
-            _update(client, found[0], want)
-    except Exception as exc:
-        log.warning("could not set up the approval timeout: %s: %s", type(exc).__name__, exc)
+    _ensure(approval_timeout(timeout_s), "the approval timeout")
