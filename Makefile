@@ -2,7 +2,7 @@
 SHELL := /bin/bash
 VENV := .venv/bin
 
-.PHONY: demo test reliability replay lint lab-up lab-down bootstrap
+.PHONY: demo test reliability replay lint lab-up lab-down lab-env bootstrap
 
 bootstrap:
 	@scripts/bootstrap.sh
@@ -10,8 +10,9 @@ bootstrap:
 demo: bootstrap
 	@scripts/demo.sh
 
+# --durations: where the time goes, printed on every run (issue 28)
 test: bootstrap
-	$(VENV)/pytest -q
+	$(VENV)/pytest -q --durations=30
 
 # The reliability and security suites (tests/reliability) at full size: 200 randomised
 # fault-injected recreates, 10,000 examples per parser, 2,000 forged Slack requests, ...; every
@@ -35,3 +36,7 @@ lab-up: bootstrap
 
 lab-down:
 	$(VENV)/python -m tests.lab down
+
+# The lab's settings for a shell, from any directory: eval "$(make -s -C PATH/TO/cudamedic lab-env)"
+lab-env:
+	@$(VENV)/python -m tests.lab env

@@ -6,7 +6,11 @@ RunDeployment action, in open-source Prefect) starts a response for that host.
 `cudamedic alerts` runs the receiver: loopback by default, a bearer token required
 (``CUDAMEDIC_ALERT_TOKEN``), bodies capped, each alert (Alertmanager's fingerprint + start time)
 announced once however often Alertmanager repeats it; alerts for hosts outside the inventory
-are answered but never acted on.
+are answered but never acted on. One response per host per `HOST_WINDOW_S`: a later alert for a
+host (in the same request or not) is announced as ``cudamedic.alert.joined`` (on the host's
+resource, beside the response it joins) and starts nothing. Every label and annotation used is
+redacted before it is cut, and cut at a word boundary: an alert's text reaches a Prefect event
+and a flow run's parameters.
 """
 
 from __future__ import annotations
@@ -34,6 +38,10 @@ from runbooks.redact import redact_text
 log = logging.getLogger(__name__)
 
 EVENT = "cudamedic.alert.firing"
+JOINED = "cudamedic.alert.joined"
+HOST_WINDOW_S = 900  # one response per host in this window; later alerts join it
+SUMMARY_MAX = 1000
+_CONTAINER = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
 RESOURCE_PREFIX = "cudamedic.host."
 MAX_BODY = 1 << 20
 # Labels that name the host, most specific first (DCGM exporter: Hostname; node exporter:
@@ -63,23 +71,31 @@ def parse_alertmanager(body: Any, inventory: Inventory) -> list[Alert]:
             continue
         labels = {**common, **_mapping(raw.get("labels"))}
         notes = _mapping(raw.get("annotations"))
-        alertname = str(labels.get("alertname") or "alert")[:200]
-        summary = redact_text(
-            str(notes.get("summary") or notes.get("description") or alertname)[:1000]
-        )
+        alertname = _clean(labels.get("alertname") or "alert", 200)
+        summary = _clean(notes.get("summary") or notes.get("description") or alertname, SUMMARY_MAX)
         fingerprint = str(raw.get("fingerprint") or json.dumps(labels, sort_keys=True))
-        container = labels.get("container") or labels.get("container_name")
+        named = str(labels.get("container") or labels.get("container_name") or "")
         out.append(
             Alert(
                 host=_host(labels, inventory),
                 status=str(raw.get("status") or body.get("status") or "firing"),
                 alertname=alertname,
                 summary=summary,
-                container=str(container) if container else None,
+                container=named if _CONTAINER.fullmatch(named) else None,
                 key=f"{fingerprint}@{raw.get('startsAt', '')}",
             )
         )
     return out
+
+
+def _clean(value: Any, limit: int) -> str:
+    """Redacted, then cut at a word boundary (a cut before redaction left half a token)."""
+    text = redact_text(str(value)[: 64 * limit])  # bounded work; the cut below drops the rest
+    if len(text) <= limit:
+        return text
+    cut = text[: limit - 1]
+    space = cut.rfind(" ")
+    return (cut[:space] if space > limit // 2 else cut) + "…"
 
 
 def _mapping(value: Any) -> dict[str, Any]:
@@ -143,13 +159,19 @@ class Seen:
             return True
 
 
-def announce(alert: Alert) -> None:
-    """Emit the Prefect event the incident-response deployment's trigger waits for."""
+def announce(alert: Alert, event: str = EVENT, key: str = "") -> None:
+    """Emit the Prefect event the incident-response deployment's trigger waits for (`JOINED`:
+    an alert for a host whose response already runs, for the host's event feed). `key`: the
+    fleet's approval_key, which signs the start (`origin`: runbooks/approvals.py)."""
     from prefect.events import emit_event
 
+    from runbooks.approvals import start_proof
+
     assert alert.host is not None
+    container = alert.container or ""  # "" in the template: a response for the whole host
+    detected_by = f"alert {alert.alertname}"
     emit_event(
-        event=EVENT,
+        event=event,
         resource={
             "prefect.resource.id": RESOURCE_PREFIX + alert.host,
             "cudamedic.host": alert.host,
@@ -157,23 +179,31 @@ def announce(alert: Alert) -> None:
         payload={
             "alertname": alert.alertname,
             "summary": alert.summary,
-            "container": alert.container,
+            "container": container,
+            "origin": start_proof(key, detected_by, alert.host, container) if key else "",
         },
     )
 
 
 def trigger_parameters() -> dict[str, str]:
-    """The incident-response parameters an alert event fills in (templated by Prefect)."""
+    """The incident-response parameters an alert event fills in (templated by Prefect): every
+    label the receiver reads reaches the response (deploy/prefect.yaml's trigger says the same;
+    a test compares them)."""
     return {
         "target": "{{ event.resource['cudamedic.host'] }}",
+        "container": "{{ event.payload.container }}",
         "trigger_text": "{{ event.payload.alertname }}: {{ event.payload.summary }}",
         "detected_by": "alert {{ event.payload.alertname }}",
+        "origin": "{{ event.payload.origin }}",
     }
 
 
-def receive(body: bytes, inventory: Inventory, seen: FirstTime) -> tuple[int, dict[str, Any]]:
+def receive(
+    body: bytes, inventory: Inventory, seen: FirstTime, key: str = ""
+) -> tuple[int, dict[str, Any]]:
     """One authorized webhook body -> (HTTP status, answer); announces each new firing alert for
-    an inventory host. Blocking (Prefect): the server runs it in a worker thread."""
+    an inventory host. One response per host and container (or the whole host) per window.
+    Blocking (Prefect): the server runs it in a worker thread."""
     try:
         alerts = parse_alertmanager(json.loads(body), inventory)
     except RecursionError:
@@ -188,10 +218,29 @@ def receive(body: bytes, inventory: Inventory, seen: FirstTime) -> tuple[int, di
             ignored.append({"alert": a.alertname, "why": "no inventory host"})
         elif not seen.first_time(a.key):
             ignored.append({"alert": a.alertname, "why": "already announced"})
+        elif not seen.first_time(
+            f"host:{a.host}/{a.container or ''}@{int(time.time() // HOST_WINDOW_S)}"
+        ):
+            announce(a, JOINED)  # one response per host (and container) in the window
+            ignored.append({"alert": a.alertname, "why": "joined the host's response"})
         else:
-            announce(a)
-            started.append({"alert": a.alertname, "host": a.host})
+            announce(a, key=key)
+            started.append({"alert": a.alertname, "host": a.host, "container": a.container})
     return 202, {"announced": started, "ignored": ignored}
+
+
+EXAMPLE_TOKENS = frozenset({"change-me-long-random"})  # deploy/systemd/cudamedic.env.example
+
+
+def check_token(token: str) -> None:
+    """Refuse no token, and the example file's (every copy of it would accept the same one)."""
+    if not token:
+        raise InputError("the alert receiver needs a token (CUDAMEDIC_ALERT_TOKEN)")
+    if token in EXAMPLE_TOKENS:
+        raise InputError(
+            "CUDAMEDIC_ALERT_TOKEN is the example's (deploy/systemd/cudamedic.env.example): set "
+            "a long random one of your own (`openssl rand -hex 32`)"
+        )
 
 
 def make_server(
@@ -201,10 +250,11 @@ def make_server(
     inventory: Inventory,
     seen: FirstTime,
     limits: Limits | None = None,
+    key: str = "",
 ) -> HttpServer:
-    """The receiver: POST /alertmanager with `Authorization: Bearer <token>`; GET /health."""
-    if not token:
-        raise InputError("the alert receiver needs a token (CUDAMEDIC_ALERT_TOKEN)")
+    """The receiver: POST /alertmanager with `Authorization: Bearer <token>`; GET /health.
+    `key`: the fleet's approval_key, which signs each start."""
+    check_token(token)
     limits = limits or Limits()
     expected = f"Bearer {token}".encode()
 
@@ -216,7 +266,7 @@ def make_server(
         if not hmac.compare_digest(given.encode(), expected):
             return reply(401, {"error": "missing or wrong bearer token"})
         body = await read_body(request, limits, MAX_BODY)
-        return reply(*await run_in_threadpool(receive, body, inventory, seen))
+        return reply(*await run_in_threadpool(receive, body, inventory, seen, key))
 
     routes = [Route("/health", health), Route("/alertmanager", alertmanager, methods=["POST"])]
     return HttpServer(json_app(routes, log), host, port, limits)

@@ -60,22 +60,54 @@ def _obj(value: Any) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
 
 
-def requester(slack: dict[str, str] | None, detected_by: str, in_process: bool) -> str:
-    """Who asked for a response, as an identity: the Slack user who asked; the OS user of the
-    process the flow runs in when started from a terminal (`cudamedic triage`); otherwise the
-    automation that started it (a sweep, an alert), which is nobody who could approve."""
+def requester(
+    settings: Settings,
+    slack: dict[str, str] | None,
+    detected_by: str,
+    in_process: bool,
+    start: tuple[str, str, str | None],
+) -> tuple[str, str]:
+    """Who asked for a response, as an identity, and how that is established
+    (runbooks/approvals.py): the Slack user of a start the Slack app signed; the OS user of the
+    process the flow runs in when started from a terminal (`cudamedic triage`); an alert or a
+    sweep that signed its start (`start`: proof, target, container) — nobody who could approve;
+    otherwise unknown: a run created through the Prefect API by whoever holds its credentials."""
+    proof, target, container = start
     if slack and slack.get("requester"):
-        return str(slack["requester"])
+        user = str(slack["requester"])
+        signed = approvals.slack_start_established(
+            settings,
+            str(slack.get("sig") or ""),
+            str(slack.get("channel") or ""),
+            str(slack.get("ts") or ""),
+            user,
+            target,
+        )
+        if signed:
+            return user, approvals.SLACK_SIGNED
+        return f"api:unsigned Slack request for {user}"[:200], approvals.CLAIMED
     if in_process:
-        return approvals.cli_claim()
-    return f"automation:{detected_by}"
+        return approvals.cli_claim(settings), approvals.OS_USER
+    if approvals.start_established(settings, proof, detected_by, target, container or ""):
+        return f"automation:{detected_by}", approvals.AUTOMATION
+    return f"api:{detected_by}"[:200], approvals.CLAIMED
 
 
 def judge(
-    settings: Settings, by: str, requester_id: str, members: Approvers | None = None
-) -> tuple[str, str | None]:
-    """The identity an answer's `by` names, and why it may not answer (None: it may)."""
-    who = approvals.identity(settings, by)
+    settings: Settings,
+    answer: Any,
+    run_id: str,
+    requester_id: str,
+    members: Approvers | None = None,
+    established: str | None = None,
+) -> tuple[str, str, str | None]:
+    """The identity an answer's `by` names, how it was established, and why it may not answer
+    (None: it may). `answer`: an Approval (decision, by, proof). `established`: how, when this
+    process established it itself (an up-front `--yes` of the CLI that runs the flow)."""
+    who = approvals.identity(settings, answer.by)
+    how = established or approvals.answer_established(
+        settings, run_id, answer.decision, answer.by, getattr(answer, "proof", "")
+    )
     asker = approvals.identity(settings, requester_id)
     members = members or Approvers(settings)
 
@@ -86,7 +118,9 @@ def judge(
         return any(user in members.members("channel", c) for c in settings.slack_approver_channels)
 
     try:
-        return who, approvals.refusal(settings, who, asker, slack_member)
+        why = approvals.refusal(
+            settings, who, asker, slack_member, established=how, decision=answer.decision
+        )
     except Exception as exc:  # Slack unreachable or refusing: nobody is let in on a failure
-        why = f"{type(exc).__name__}: {exc}"[:200]
-        return who, f"could not ask Slack whether {who} approves ({why})"
+        why = f"could not ask Slack whether {who} approves ({f'{type(exc).__name__}: {exc}'[:200]})"
+    return who, how, why

@@ -130,30 +130,37 @@ def _release(lease: str) -> None:
         log.warning("releasing a fleet lock failed (%s): it expires by itself", type(exc).__name__)
 
 
-def read_document(key: str) -> Any | None:
-    """The newest version of the artifact `key`, or None when there is none."""
+DOCUMENT_TYPE = "cudamedic-state"
+READ_BACK = 50  # versions walked back past newer ones that are not a readable document
+
+
+def read_document(key: str, readable: Callable[[Any], bool]) -> tuple[Any | None, int]:
+    """The newest version of the artifact `key` that is cudamedic's own type and `readable`
+    (anyone who can write to the Prefect API can add a version under the key), and how many
+    newer versions were passed over. (None, n > 0): versions exist, none readable."""
     with get_client(sync_client=True) as client:
         found = client.read_artifacts(
             artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[key])),
             sort=ArtifactSort.CREATED_DESC,
-            limit=1,
+            limit=READ_BACK,
         )
-    if not found:
-        return None
-    data = found[0].data
-    if isinstance(data, str):  # the server may hand JSON back as text
-        try:
-            return json.loads(data)
-        except ValueError:
-            return None
-    return data
+    for passed, artifact in enumerate(found):
+        data = artifact.data
+        if isinstance(data, str):  # the server may hand JSON back as text
+            try:
+                data = json.loads(data)
+            except (ValueError, RecursionError):
+                continue
+        if artifact.type == DOCUMENT_TYPE and readable(data):
+            return data, passed
+    return None, len(found)
 
 
 def write_document(key: str, data: Any, description: str) -> None:
     """A new version of the artifact `key`; versions past `KEEP_VERSIONS` are deleted."""
     with get_client(sync_client=True) as client:
         client.create_artifact(
-            ArtifactCreate(key=key, type="cudamedic-state", description=description, data=data)
+            ArtifactCreate(key=key, type=DOCUMENT_TYPE, description=description, data=data)
         )
         versions = client.read_artifacts(
             artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[key])),
@@ -174,22 +181,47 @@ def sweep_state_key(settings: Settings) -> str:
 def sweep_state(settings: Settings) -> Iterator[tuple[State, Callable[[State], None]]]:
     """The fleet's previous sweep state under the fleet-wide lock (two sweeps never interleave),
     and a function that stores the new one. Hosts not swept this time keep their state. The first
-    time, a `STATE_DIR/sweep-state.json` left by an older cudamedic is taken over."""
+    time, a `STATE_DIR/sweep-state.json` left by an older cudamedic is taken over.
+
+    Newer versions under the key that are not a readable state (not cudamedic's type, not a
+    state: written by anyone with API access, or cut) are passed over with a warning; when no
+    version can be read, nothing is saved (a new state would forget every host this sweep did
+    not check)."""
     key = sweep_state_key(settings)
     with fleet_lock("sweep-state", settings):
-        stored = read_document(key)
+        stored, passed = read_document(key, _is_state)
+        if passed:
+            log.warning(
+                "the sweep state %s: %d newer version(s) are not a state cudamedic can read; %s",
+                key,
+                passed,
+                "read the newest one that is" if stored is not None else "none can be read",
+            )
         before = parse_state(stored) if stored is not None else _legacy(settings)
+        lost = stored is None and passed > 0
 
         def save(seen: State) -> None:
+            if lost:
+                log.warning("the sweep state %s was not saved: its last state is unreadable", key)
+                return
             data = {"updated_at": datetime.now(UTC).isoformat(), "hosts": {**before, **seen}}
             write_document(key, data, f"Fleet {settings.fleet}: what the last sweep saw per host")
 
         yield before, save
 
 
+def _is_state(data: Any) -> bool:
+    return isinstance(data, dict) and isinstance(data.get("hosts"), dict)
+
+
 def _legacy(settings: Settings) -> State:
     path: Path = settings.state_path / "sweep-state.json"
     return read_state_file(path) if path.exists() else {}
+
+
+def _expired(value: Any) -> bool:
+    until = value.get("until", 0) if isinstance(value, dict) else 0
+    return isinstance(until, int | float) and until < time.time()
 
 
 class Memory:
@@ -201,6 +233,8 @@ class Memory:
     started without Prefect anyway)."""
 
     TAG = "cudamedic-seen"
+    PAGE = 200  # the Prefect API's largest page
+    PRUNE_MAX = 100_000  # keys looked at by one prune
     QUIET_S = 30.0
     PRUNE_S = 600.0  # forget keys past their time at most this often (any user of the memory)
 
@@ -227,10 +261,23 @@ class Memory:
             _prefect("POST", "/variables/", {"name": name, "value": value, "tags": [self.TAG]})
         except urllib.error.HTTPError as exc:
             if exc.code == 409:  # already there: seen before, here or by another replica
-                return False
+                return self._expired_taken(name, value)
             self._unavailable(f"HTTP {exc.code}")
         except (OSError, ValueError, LookupError) as exc:
             self._unavailable(type(exc).__name__)
+        return True
+
+    def _expired_taken(self, name: str, value: dict[str, int]) -> bool:
+        """A key whose time is past (not pruned yet) is new again: replaced, once."""
+        path = f"/variables/name/{urllib.parse.quote(name)}"
+        try:
+            old = _prefect("GET", path, timeout=self.timeout)
+            if not _expired(old.get("value") if isinstance(old, dict) else None):
+                return False
+            _prefect("DELETE", path, timeout=self.timeout)
+            _prefect("POST", "/variables/", {"name": name, "value": value, "tags": [self.TAG]})
+        except (OSError, ValueError, LookupError):  # HTTPError 409: another replica took it
+            return False
         return True
 
     def _unavailable(self, why: str) -> None:
@@ -239,15 +286,17 @@ class Memory:
 
     @classmethod
     def prune(cls) -> int:
-        """Forget keys past their time; returns how many."""
-        found = _prefect(
-            "POST", "/variables/filter", {"variables": {"tags": {"all_": [cls.TAG]}}, "limit": 200}
-        )
-        gone = 0
-        for var in found if isinstance(found, list) else []:
-            value = var.get("value") if isinstance(var, dict) else None
-            until = value.get("until", 0) if isinstance(value, dict) else 0
-            if isinstance(until, int | float) and until < time.time():
-                _prefect("DELETE", f"/variables/name/{urllib.parse.quote(str(var['name']))}")
-                gone += 1
-        return gone
+        """Forget keys past their time, on every page of the memory (all read first: deleting
+        shifts the pages); returns how many."""
+        expired: list[str] = []
+        for offset in range(0, cls.PRUNE_MAX, cls.PAGE):
+            body = {"variables": {"tags": {"all_": [cls.TAG]}}, "limit": cls.PAGE, "offset": offset}
+            found = _prefect("POST", "/variables/filter", body, 5.0)
+            page = [v for v in found if isinstance(v, dict)] if isinstance(found, list) else []
+            expired += [str(v.get("name")) for v in page if _expired(v.get("value"))]
+            if len(page) < cls.PAGE:
+                break
+        for name in expired:  # Prefect's 503 (busy) is tried again by `call`
+            with contextlib.suppress(urllib.error.HTTPError):  # gone already: another replica
+                _prefect("DELETE", f"/variables/name/{urllib.parse.quote(name)}")
+        return len(expired)

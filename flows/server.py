@@ -12,16 +12,24 @@ server itself reports (`/api/admin/settings`). A port already served by another 
 server, or by any other Prefect server, is an error that names it: two state dirs never share
 one database silently, and `stop` stops only the server this state dir started.
 
+The embedded server asks every caller for its API auth string (issue 27: whoever reaches the API
+can answer a paused fix, plant Slack messages, start responses): it is generated once, kept 0600
+in PREFECT_HOME (`api-auth-string`), handed to the server as PREFECT_SERVER_API_AUTH_STRING and to
+this process and its children as PREFECT_API_AUTH_STRING. A process whose environment already
+names one (a fleet's units, the tests) gives the server that one.
+
 This module must run before `prefect` is imported anywhere: Prefect reads its settings from the
 environment at import time.
 """
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import fcntl
 import json
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -49,6 +57,33 @@ def local_url(settings: Settings) -> str:
     return f"http://127.0.0.1:{settings.prefect_port}/api"
 
 
+AUTH_FILE = "api-auth-string"
+
+
+def auth_string(settings: Settings) -> str:
+    """The embedded server's auth string: read from PREFECT_HOME, or generated there (0600)."""
+    home = prefect_home(settings)
+    home.mkdir(parents=True, exist_ok=True, mode=0o700)
+    path = home / AUTH_FILE
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        os.chmod(path, 0o600)  # an older copy made by hand: private again
+        value = path.read_text(encoding="utf-8").strip()
+        if not value:
+            raise ServerError(f"{path} is empty: remove it to generate a new one") from None
+        return value
+    value = "cudamedic:" + secrets.token_urlsafe(32)
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        f.write(value + "\n")
+    return value
+
+
+def _auth_headers() -> dict[str, str]:
+    auth = os.environ.get("PREFECT_API_AUTH_STRING")
+    return {"Authorization": "Basic " + base64.b64encode(auth.encode()).decode()} if auth else {}
+
+
 def healthy(api_url: str, timeout: float = 2.0) -> bool:
     try:
         with urllib.request.urlopen(f"{api_url.rstrip('/')}/health", timeout=timeout) as resp:  # noqa: S310 - our own URL
@@ -61,8 +96,9 @@ def server_home(api_url: str, timeout: float = 5.0) -> Path | None:
     """The PREFECT_HOME of the Prefect server answering at `api_url` (where its database is:
     its identity); None when none answers or it does not say."""
     url = f"{api_url.rstrip('/')}/admin/settings"
+    req = urllib.request.Request(url, headers=_auth_headers())  # noqa: S310 - our own URL
     try:
-        with urllib.request.urlopen(url, timeout=timeout) as resp:  # noqa: S310 - our own URL
+        with urllib.request.urlopen(req, timeout=timeout) as resp:  # noqa: S310 - our own URL
             home = json.load(resp).get("home")
     except (urllib.error.URLError, OSError, ValueError, AttributeError):
         return None
@@ -120,6 +156,8 @@ def configure(settings: Settings, *, start: bool = True) -> str:
         return named
     for key, value in _base_env(settings).items():
         os.environ.setdefault(key, value)
+    if not os.environ.get("PREFECT_API_AUTH_STRING"):
+        os.environ["PREFECT_API_AUTH_STRING"] = auth_string(settings)
     url = local_url(settings)
     if start:
         ensure_local_server(settings)
@@ -153,6 +191,11 @@ def ensure_local_server(settings: Settings, env: Mapping[str, str] | None = None
         began = time.monotonic()
         server_env = {**os.environ, **_base_env(settings), **(env or {})}
         server_env.pop("PREFECT_API_URL", None)
+        server_env["PREFECT_SERVER_API_AUTH_STRING"] = (
+            (env or {}).get("PREFECT_SERVER_API_AUTH_STRING")
+            or os.environ.get("PREFECT_API_AUTH_STRING")
+            or auth_string(settings)
+        )
         log = open(home / "server.log", "ab")  # noqa: SIM115 - handed to the daemon
         proc = subprocess.Popen(
             [

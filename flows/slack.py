@@ -39,6 +39,7 @@ from flows.slack_delivery import (  # noqa: F401 - the app's side of delivery, a
 )
 from flows.triage import answer
 from reports import slack as msg
+from runbooks.approvals import answer_proof, start_proof
 from runbooks.errors import CudamedicError, InputError
 from runbooks.inventory import Inventory
 from runbooks.names import container_name
@@ -286,6 +287,11 @@ class SlackApp:
                 if root
                 else None
             )
+            if ref is not None and self.settings.slack_bot_token is not None:
+                # the flow takes `requester` as established only with this signature: a run
+                # created through the Prefect API could name anyone (runbooks/approvals.py)
+                bot = self.settings.slack_bot_token.get_secret_value()
+                ref["sig"] = start_proof(bot, "slack", ref["channel"], ref["ts"], user, host)
             try:
                 _run_deployment(
                     {
@@ -419,8 +425,10 @@ class SlackApp:
         if why_not:
             tell(why_not)
             return
+        bot = self.settings.slack_bot_token
+        proof = answer_proof(bot.get_secret_value(), "slack", run_id, decision, user) if bot else ""
         try:  # the flow judges the Slack user id again (the authority); this was the early word
-            answer(run_id, decision, user, "Slack button")
+            answer(run_id, decision, user, "Slack button", proof=proof)
         except (InputError, CudamedicError) as exc:
             tell(f"Nothing was changed: {exc}")
             return

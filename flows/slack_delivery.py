@@ -58,7 +58,13 @@ def web_client(settings: Settings) -> Any:
     )
 
 
+class NeverSent(ValueError):
+    """A message cudamedic does not send (flows/slack_outbox.py `ALLOWED`)."""
+
+
 def _send(client: Any, item: dict[str, Any]) -> dict[str, Any]:
+    if why := outbox.refusal(item):  # the one door to Slack: only what cudamedic sends
+        raise NeverSent(why)
     if item["method"] == "files_upload_v2":
         return dict(client.files_upload_v2(**item["args"]).data)
     return dict(client.api_call(item["method"], json=item["args"]).data)
@@ -69,6 +75,8 @@ def refused_for_good(exc: Exception) -> str | None:
     (429, 5xx, timeouts, connection errors)."""
     from slack_sdk.errors import SlackApiError, SlackRequestError
 
+    if isinstance(exc, NeverSent):
+        return str(exc)
     if isinstance(exc, SlackApiError):
         status = int(getattr(exc.response, "status_code", 200) or 200)
         error = str(exc.response.get("error") or "") if exc.response is not None else ""
@@ -181,7 +189,11 @@ def _flush_local(settings: Settings, client: Any) -> int:
 
 def _failed_for_now(settings: Settings, client: Any, item: dict[str, Any]) -> bool:
     """Send one kept message: True when it must wait on; a final refusal goes to the dead
-    letters (False: the next one may go)."""
+    letters (False: the next one may go), and so does a message not signed by cudamedic."""
+    if why := outbox.untrusted(settings, item):
+        log.warning("a kept Slack message was not sent (%s): moved to the dead letters", why)
+        outbox.bury(settings, item, why)
+        return False
     try:
         _send(client, item)
     except Exception as exc:
@@ -232,7 +244,7 @@ class SlackThread:
             "files_upload_v2",
             channel=self.channel,
             thread_ts=self.ts,
-            content=markdown,
+            content=msg.mrkdwn(markdown),  # Slack shows a file as it is: its own markup
             filename=name,
             title=f"Post-mortem {pm.incident} {pm.host}",
         )

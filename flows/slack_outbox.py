@@ -8,6 +8,13 @@ Slack outage) is sent by another when the first is gone.
 - A **dead letter** is one version of `cudamedic-<fleet>-slack-dead-letter` (the newest
   `KEEP_DEAD`), shown under Artifacts in the UI.
 
+Whoever can write to the Prefect API can write an artifact under the outbox's key (issue 27), so
+a kept message is data, never a call: only the methods and argument keys cudamedic sends
+(`ALLOWED`; an upload is by `content`, never a file path) are sent, and only a message signed
+when it was kept (`sig`: HMAC-SHA256 keyed by the bot token, which only the workers and the Slack
+app hold; whoever has it can post to Slack anyway). An unsigned, forged or unknown message goes
+to the dead letters with a warning, in Prefect and in the local cache alike.
+
 Every call is a raw REST call of 2 s (5 s for a page of messages) without retries
 (runbooks/prefect_api.py). When Prefect cannot be asked, a message is kept in
 `STATE_DIR/slack-outbox.jsonl` (or `slack-dead-letter.jsonl`) instead: a cache, moved into Prefect
@@ -19,6 +26,8 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import hashlib
+import hmac
 import json
 import logging
 import os
@@ -42,6 +51,16 @@ _quiet_until: dict[str, float] = {}  # PREFECT_API_URL -> time.monotonic() when 
 _file_locks = {"outbox": threading.Lock(), "dead-letter": threading.Lock()}
 
 Item = dict[str, Any]
+# The Slack methods cudamedic sends and the argument keys each takes: nothing else is ever sent
+# from the outbox (a `file` of files_upload_v2 would upload a file of the flushing machine).
+ALLOWED: dict[str, frozenset[str]] = {
+    "chat.postMessage": frozenset({"channel", "text", "blocks", "thread_ts"}),
+    "chat.postEphemeral": frozenset({"channel", "user", "text", "blocks", "thread_ts"}),
+    "chat.update": frozenset({"channel", "ts", "text", "blocks"}),
+    "files_upload_v2": frozenset({"channel", "thread_ts", "content", "filename", "title"}),
+    "views.open": frozenset({"trigger_id", "view"}),
+}
+_STRINGS = frozenset({"channel", "user", "text", "thread_ts", "ts", "content", "filename", "title"})
 
 
 class PrefectUnavailable(CudamedicError):
@@ -68,6 +87,52 @@ def _call(method: str, path: str, body: Any = None, timeout: float = 2.0) -> Any
         if isinstance(exc, TimeoutError) or isinstance(getattr(exc, "reason", None), TimeoutError):
             _quiet_until[api] = time.monotonic() + QUIET_S  # a refused connection costs nothing
         raise PrefectUnavailable(f"Prefect could not be asked ({type(exc).__name__})") from None
+
+
+# -- what may be sent -----------------------------------------------------------------------------
+def refusal(item: Item) -> str | None:
+    """Why cudamedic never sends this message (an unknown method, argument key or type), or None."""
+    keys = ALLOWED.get(str(item.get("method")))
+    args = item.get("args")
+    if keys is None or not isinstance(args, dict):
+        return f"not a message cudamedic sends ({str(item.get('method'))[:40]!r})"
+    if extra := sorted(str(k)[:40] for k in args if k not in keys):
+        return f"argument(s) cudamedic never sends: {', '.join(extra[:5])}"
+    if bad := sorted(k for k in args if k in _STRINGS and not isinstance(args[k], str)):
+        return f"argument(s) of the wrong type: {', '.join(bad)}"
+    return None
+
+
+def _signature(settings: Settings, item: Item) -> str:
+    token = settings.slack_bot_token.get_secret_value() if settings.slack_bot_token else ""
+    key = hmac.new(token.encode(), b"cudamedic-slack-outbox", hashlib.sha256).digest()
+    body = json.dumps(
+        {
+            "fleet": settings.fleet,
+            "method": item.get("method"),
+            "args": item.get("args"),
+            "at": item.get("at"),
+        },
+        sort_keys=True,
+        separators=(",", ":"),
+    )
+    return hmac.new(key, body.encode(), hashlib.sha256).hexdigest()
+
+
+def sign(settings: Settings, item: Item) -> Item:
+    """The item with its signature (`sig`), as it is kept."""
+    return {**item, "sig": _signature(settings, item)}
+
+
+def untrusted(settings: Settings, item: Item) -> str | None:
+    """Why a kept message must not be sent (unsigned, forged, or not one cudamedic sends), or
+    None when it may go."""
+    sig = item.get("sig")
+    if settings.slack_bot_token is None or not isinstance(sig, str):
+        return "unsigned (not kept by cudamedic)"
+    if not hmac.compare_digest(sig, _signature(settings, item)):
+        return "bad signature (not kept by cudamedic, or changed since)"
+    return refusal(item)
 
 
 # -- in Prefect ----------------------------------------------------------------------------------
@@ -210,7 +275,9 @@ def _is_item(item: Any) -> TypeGuard[Item]:
 
 # -- keeping -------------------------------------------------------------------------------------
 def keep(settings: Settings, item: Item) -> None:
-    """A message to send later: in Prefect, or in the local cache when Prefect cannot be asked."""
+    """A message to send later (signed): in Prefect, or in the local cache when Prefect cannot
+    be asked."""
+    item = sign(settings, item)
     try:
         _store(settings, item)
     except PrefectUnavailable as exc:
@@ -245,7 +312,9 @@ def _move(path: Path, put: Callable[[Item], None]) -> None:
 def bury(settings: Settings, item: Item, why: str) -> None:
     """A message Slack refused for good, with the reason: in Prefect (the newest `KEEP_DEAD`),
     else in the local cache. Logs the method and the reason only, never the message."""
-    log.warning("Slack refused %s for good (%s): kept in the dead letters", item["method"], why)
+    log.warning(
+        "Slack refused %r for good (%s): kept in the dead letters", item["method"][:40], why
+    )
     letter = {**item, "reason": why, "dead_at": time.time()}
     try:
         _create_dead(settings, letter)

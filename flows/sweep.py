@@ -46,6 +46,16 @@ BATCH_DEPLOYMENT = "sweep-batch/sweep-batch"
 INCIDENT_DEPLOYMENT = "incident-response/incident-response"
 
 
+class NotChecked(BaseModel):
+    """A finding of the last sweep that this one could not check (kept as it was), and why."""
+
+    host: str
+    code: str
+    subject: str = ""
+    level: str
+    why: str
+
+
 class SweepResult(BaseModel):
     hosts: int
     verdicts: dict[str, str]  # host -> healthy | warning | drain
@@ -55,6 +65,8 @@ class SweepResult(BaseModel):
     duration_s: float
     responses: list[str] = []  # flow run ids of the incident responses started
     flow_run_url: str | None = None
+    # the last sweep's findings this one could not check, kept as they were (health.with_history)
+    not_checked: list[NotChecked] = []
 
 
 def _inputs(inventory: str | None) -> tuple[Settings, Runbook, Inventory]:
@@ -192,9 +204,11 @@ def fleet_health_check(
     progress.end("sweep", ", ".join(f"{summarize_verdicts(results)[v]} {v}" for v in VERDICTS))
     results, changes = _compare_with_last_sweep(settings, book, results)
     run_id = str(flow_run.get_id() or "") or None
+    _tag_verdicts(run_id, results)
     links = {"Prefect flow run": u} if (u := run_url(run_id)) else {}
     summary = _summary(started, results, changes, links)
-    responses = _start_responses(results, changes, run_id) if start_incidents else {}
+    _record_metrics(settings, results, started, summary.ended_at)
+    responses = _start_responses(results, changes, run_id, settings) if start_incidents else {}
     path = _publish(settings, summary, changes, responses)
     counts = summarize(changes)
     get_run_logger().info(
@@ -215,7 +229,47 @@ def fleet_health_check(
         duration_s=round((summary.ended_at - started).total_seconds(), 2),
         responses=list(responses.values()),
         flow_run_url=links.get("Prefect flow run"),
+        not_checked=[
+            NotChecked(
+                host=r.health.host, code=f.code, subject=f.subject, level=f.level, why=f.not_checked
+            )
+            for r in results
+            for f in r.health.findings
+            if f.not_checked
+        ],
     )
+
+
+MAX_HOST_TAGS = 20  # a run's tags name at most this many hosts to drain
+
+
+def _tag_verdicts(run_id: str | None, results: list[HostResult]) -> None:
+    """Tag the sweep's run with its worst verdict (`verdict:drain`) and the hosts to drain
+    (`drain:<host>`), so the Prefect UI's filters find a sweep that found something."""
+    from flows.incident import tag_run
+
+    drain = sorted(r.health.host for r in results if r.health.verdict == "drain")
+    worst = (
+        "drain"
+        if drain
+        else "warning"
+        if any(r.health.verdict == "warning" for r in results)
+        else "healthy"
+    )
+    tag_run(run_id, f"verdict:{worst}", *(f"drain:{h}" for h in drain[:MAX_HOST_TAGS]))
+
+
+def _record_metrics(
+    settings: Settings, results: list[HostResult], started: datetime, ended: datetime
+) -> None:
+    """The sweep's verdicts for /metrics (flows/metrics.py); a failure to keep them is logged,
+    never the sweep's failure."""
+    from flows.metrics import record_sweep
+
+    try:
+        record_sweep(settings, results, ended, (ended - started).total_seconds())
+    except Exception as exc:
+        get_run_logger().warning("sweep metrics not kept: %s: %s", type(exc).__name__, exc)
 
 
 def _in_this_run(
@@ -268,7 +322,10 @@ def _summary(
             SweepHostRow(
                 host=r.health.host,
                 verdict=r.health.verdict,
-                codes=tuple(f.key for f in r.health.findings),
+                codes=tuple(
+                    f.key + (f" (not checked: {f.not_checked})" if f.not_checked else "")
+                    for f in r.health.findings
+                ),
                 incident=r.incident,
                 incident_summary=r.incident_summary,
                 bundle=r.health.bundle,
@@ -324,12 +381,18 @@ def summarize_verdicts(results: list[HostResult]) -> dict[str, int]:
 
 
 def _start_responses(
-    results: list[HostResult], changes: list[HostChange], sweep_run: str | None
+    results: list[HostResult], changes: list[HostChange], sweep_run: str | None, settings: Settings
 ) -> dict[str, str]:
     """Start an incident response (a run of the deployment) for each host with news; host ->
     flow run id. Fire and forget: a response may wait hours for an approval; the sweep must
-    not. Each carries the sweep's run id as a tag (`sweep:<id>`)."""
+    not. Each carries the sweep's run id as a tag (`sweep:<id>`), and the sweep's signature of
+    its start when the fleet has an approval_key (runbooks/approvals.py)."""
     from prefect.deployments import run_deployment
+
+    from runbooks.approvals import start_proof
+
+    key = settings.approval_key.get_secret_value() if settings.approval_key else ""
+    detected_by = "cudamedic fleet sweep"
 
     news = {c.host for c in changes if c.change != "resolved"}
     started: dict[str, str] = {}
@@ -342,7 +405,10 @@ def _start_responses(
                     "target": r.health.host,
                     "container": r.container,
                     "trigger_text": trigger,
-                    "detected_by": "cudamedic fleet sweep",
+                    "detected_by": detected_by,
+                    "origin": start_proof(key, detected_by, r.health.host, r.container or "")
+                    if key
+                    else None,
                 },
                 tags=[f"sweep:{sweep_run}"] if sweep_run else None,
                 timeout=0,

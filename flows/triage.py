@@ -20,9 +20,12 @@ from prefect import get_client
 from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterName
 from prefect.exceptions import ObjectNotFound
 
+from flows.automations import ensure_crash_detection
 from flows.incident import Approval, Response, incident_response, response_name
+from runbooks.approvals import cli_run
 from runbooks.errors import InputError
 from runbooks.redact import redact_text
+from runbooks.settings import load_settings
 
 
 def triage(
@@ -42,24 +45,121 @@ def triage(
     name = f"{response_name(target, container)}-{uuid.uuid4().hex[:6]}"
     box: dict[str, Any] = {}
 
+    cli_run(name, approved_by)  # `local`, ssh:// and approved_by: for this run only
+    # Before the run's first heartbeat: an automation created or changed after it would not have
+    # seen it, and a worker killed before the next one would never be marked Crashed.
+    ensure_crash_detection(load_settings().crash_after_s)
+
     def run() -> None:
         try:
-            box["result"] = incident_response.with_options(flow_run_name=name)(
+            state = incident_response.with_options(flow_run_name=name)(
                 target=target,
                 container=container,
                 trigger_text=redact_text(trigger) if trigger else None,  # a flow parameter
                 apply=apply,
                 approved_by=approved_by,
+                return_state=True,
             )
+            # A failed response (rolled back, not reached, ...) ends FAILED with its Response as
+            # the state's data; a flow that raised has its exception there instead.
+            result = state.result(raise_on_failure=False)
+            if isinstance(result, BaseException):
+                raise result
+            box["result"] = result
         except BaseException as exc:  # handed to the caller's thread
             box["error"] = exc
+        finally:
+            done.set()
 
+    # An Event, not Thread.is_alive(): a join() cut by Ctrl-C leaves is_alive() False on a
+    # thread that still runs (CPython's _wait_for_tstate_lock).
+    done = threading.Event()
     worker = threading.Thread(target=run, name="incident-response", daemon=True)
     worker.start()
+    try:
+        _wait(done, name, apply, ask, say, actor)
+    except KeyboardInterrupt:
+        _interrupted(done, name, target, container, say)
+    if "error" in box:
+        raise box["error"]
+    result: Response = box["result"]
+    return result
+
+
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C during a triage: what became of it, and what to run next (the CLI says it)."""
+
+
+def _interrupted(
+    done: threading.Event,
+    name: str,
+    target: str,
+    container: str | None,
+    say: Callable[[str], None],
+) -> None:
+    """Ctrl-C: a fix that runs is let finish or roll back (a recreate is never cut in half; a
+    second Ctrl-C leaves it to `cudamedic rollback`); before it, the run is cancelled in Prefect
+    (it would wait Paused or Running for the crash automation) and nothing was changed."""
+    from runbooks import progress
+
+    where = f"{target}" + (f" --container {container}" if container else "")
+    subject = f"{target}/{container}" if container else target
+    if progress.running() == "apply" and not done.is_set():
+        say(
+            f"cudamedic: interrupted during the fix of {subject}: letting it finish or roll back "
+            "first, a fix is never left half-done (Ctrl-C again to leave it now)"
+        )
+        try:
+            while not done.wait(0.5):
+                pass
+            return  # the response ended as it would have: its outcome is shown
+        except KeyboardInterrupt:
+            run_id = cancel(name, "interrupted (Ctrl-C, twice) during the fix")
+            raise Interrupted(
+                f"the fix of {subject} was left mid-way; flow run {run_id or name} cancelled. "
+                f"`cudamedic rollback {where}` restores the original container now; "
+                f"`cudamedic triage {where}` finishes or rolls it back first, then responds "
+                "again"
+            ) from None
+    run_id = cancel(name, "interrupted (Ctrl-C) before any change")
+    raise Interrupted(
+        f"nothing was changed on {subject}: it is as it was before the triage; flow run "
+        f"{run_id or name} cancelled. To respond again: `cudamedic triage {where} --apply`"
+    ) from None
+
+
+def cancel(name: str, why: str) -> str | None:
+    """Cancel this command's flow run in Prefect (found by its unique name), so it no longer
+    waits for an answer nobody can act on; its id (None: it was not found or already final)."""
+    import httpx
+    from prefect.states import Cancelled
+
+    try:
+        with get_client(sync_client=True) as client:
+            runs = client.read_flow_runs(
+                flow_run_filter=FlowRunFilter(name=FlowRunFilterName(any_=[name])), limit=1
+            )
+            if not runs or (runs[0].state is not None and runs[0].state.is_final()):
+                return str(runs[0].id) if runs else None
+            client.set_flow_run_state(runs[0].id, Cancelled(message=why), force=True)
+            return str(runs[0].id)
+    except (httpx.HTTPError, OSError):
+        return None
+
+
+def _wait(
+    done: threading.Event,
+    name: str,
+    apply: bool,
+    ask: Callable[[str], bool] | None,
+    say: Callable[[str], None],
+    actor: str,
+) -> None:
+    """While the flow runs: show its plan once it waits for approval, and ask (or say how to
+    answer from elsewhere)."""
     pauses: list[str] = []  # the pause keys seen: a new one after an answer the flow refused
-    while worker.is_alive():
-        worker.join(0.5)
-        if not apply or not worker.is_alive() or (paused := _paused_run(name)) is None:
+    while not done.wait(0.5):
+        if not apply or done.is_set() or (paused := _paused_run(name)) is None:
             continue
         run_id, key = str(paused[0]), paused[1]
         if key in pauses:
@@ -76,10 +176,6 @@ def triage(
             f"{said}waiting for approval: `cudamedic approve {run_id}` (or --reject), "
             "the Prefect UI or Slack"
         )
-    if "error" in box:
-        raise box["error"]
-    result: Response = box["result"]
-    return result
 
 
 def _paused_run(name: str) -> tuple[UUID, str] | None:
@@ -122,16 +218,17 @@ def plain_plan(markdown: str) -> str:
     return fenced.group(2) if fenced else markdown
 
 
-def answer(run_id: str, decision: str, by: str, reason: str = "") -> str:
-    """Resume a paused incident response with a person's decision. A second answer, or one for
-    a run that no longer waits, changes nothing and says so."""
+def answer(run_id: str, decision: str, by: str, reason: str = "", proof: str = "") -> str:
+    """Resume a paused (or suspended) incident response with a person's decision. A second
+    answer, or one for a run that no longer waits, changes nothing and says so. `proof`: the
+    signature that establishes `by` (runbooks/approvals.py)."""
     from prefect.flow_runs import resume_flow_run
 
     try:
         uid = UUID(run_id)
     except ValueError:
         raise InputError(f"{run_id!r} is not a flow run id") from None
-    approval = Approval(decision=decision, by=by, reason=reason)
+    approval = Approval(decision=decision, by=by, reason=reason, proof=proof)
     with get_client(sync_client=True) as client:
         try:
             run = client.read_flow_run(uid)
@@ -141,13 +238,29 @@ def answer(run_id: str, decision: str, by: str, reason: str = "") -> str:
     if state is None or not state.is_paused():
         raise InputError(
             f"flow run {run_id} is not waiting for approval (it is "
-            f"{state.name if state else 'without a state'}); nothing was changed"
+            f"{state.name if state else 'without a state'}): it can no longer act on an "
+            "answer; nothing was changed"
         )
     resume_flow_run(uid, run_input=approval.model_dump(mode="json"))
     return f"{decision} sent to flow run {run_id} by {by}"
 
 
-def verdict(run_id: str, by: str, since: datetime, timeout: float = 30.0) -> dict[str, Any] | None:
+VERDICT_WAIT_S = 60.0  # a live flow takes an answer within seconds (it polls every 2 s)
+RESUME_WAIT_S = 300.0  # a suspended one: a worker takes it and collects evidence first
+
+
+def queued(run_id: str) -> bool:
+    """Is the run scheduled again or starting (a suspended run that was answered), not yet
+    running its flow?"""
+    with get_client(sync_client=True) as client:
+        run = client.read_flow_run(UUID(run_id))
+    state = run.state
+    return state is not None and (state.is_scheduled() or state.is_pending())
+
+
+def verdict(
+    run_id: str, by: str, since: datetime, timeout: float = VERDICT_WAIT_S
+) -> dict[str, Any] | None:
     """The flow's audit record of its judgement of `by`'s answer sent at `since` (the event
     `cudamedic.approval.approved|rejected|refused`); None when none came within `timeout`."""
     from runbooks.audit import PREFIX, read
@@ -160,6 +273,22 @@ def verdict(run_id: str, by: str, since: datetime, timeout: float = 30.0) -> dic
             return found[0]
         time.sleep(1.0)
     return None
+
+
+def acted_since(run_id: str, since: datetime) -> bool:
+    """Has the flow run done anything since `since` (a log line: each step logs)? A run whose
+    process is gone cannot; an answer's audit event may just be late."""
+    from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId, LogFilterTimestamp
+
+    with get_client(sync_client=True) as client:
+        logs = client.read_logs(
+            log_filter=LogFilter(
+                flow_run_id=LogFilterFlowRunId(any_=[UUID(run_id)]),
+                timestamp=LogFilterTimestamp(after_=since),
+            ),
+            limit=1,
+        )
+    return bool(logs)
 
 
 def wait_until_paused(run_id: str, timeout: float = 60.0) -> bool:

@@ -60,6 +60,10 @@ class PostMortem(Frozen):
     down_since: datetime | None = None  # the container's FinishedAt: when the workload stopped
     running_at_collection: bool | None = None  # None: unknown (no container, no inspect)
     restored_at: datetime | None = None  # the replacement verified running (a fixed outcome)
+    # The fix itself stopped a running container: when, and when it ran again (the replacement
+    # verified, or the original restarted by the rollback; None: not running again)
+    fix_stopped_at: datetime | None = None
+    fix_back_at: datetime | None = None
 
     @property
     def changed(self) -> bool:
@@ -69,6 +73,14 @@ class PostMortem(Frozen):
     @property
     def duration_s(self) -> float:
         return (self.ended_at - self.started_at).total_seconds()
+
+    @property
+    def fix_downtime_s(self) -> float | None:
+        """How long the fix itself kept a running workload down (None: it stopped none)."""
+        if self.fix_stopped_at is None:
+            return None
+        until = self.fix_back_at or self.ended_at
+        return max(0.0, (until - self.fix_stopped_at).total_seconds())
 
     @property
     def downtime_s(self) -> float | None:
@@ -121,6 +133,10 @@ def detection(pm: PostMortem) -> str:
         what = "A fleet health sweep found it"
     elif how.startswith("Slack"):
         what = f"Someone asked in Slack ({inert(how.removeprefix('Slack').strip())})"
+    elif how == "prefect deployment run":
+        # created through the Prefect API (`prefect deployment run`, the UI): whoever holds its
+        # credentials, not the worker's user that ran it
+        what = "A run of the incident-response deployment was started through the Prefect API"
     elif pm.triggered_by:
         what = f"{inert(pm.triggered_by)} ran {code(how)}"
     else:
@@ -138,7 +154,7 @@ _SIGNATURE_IDS = re.compile(
 def for_people(text: str) -> str:
     """A diagnosis summary without the classifier's internal signature ids."""
     out = _SIGNATURE_IDS.sub("", text)
-    return re.sub(r"\s+([.;,])", r"\1", re.sub(r"Why:\s*\.", "", out)).strip()
+    return re.sub(r"(?<!\s)\s++([.;,])", r"\1", re.sub(r"Why:\s*\.", "", out)).strip()
 
 
 def prose(text: str) -> str:

@@ -6,6 +6,7 @@ message) into more sections and messages, never cut."""
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -53,6 +54,75 @@ def plain_section(text: str) -> dict[str, Any]:
 def _escape(text: str) -> str:
     """Slack mrkdwn control characters (so a log line never pings @channel or forms a link)."""
     return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
+# -- the post-mortem in Slack's own markup (mrkdwn) ------------------------------------------------
+_MD_ESCAPED = re.compile(r"\\([\\`*_\[\]<>#!|~])")  # reports.render's escapes, undone
+_CODE_SPAN = re.compile(r"(?<![`\\])(`+)(?!`)(.+?)(?<!`)\1(?!`)")  # not at an escaped `
+_MD_LINK = re.compile(r"\[((?:\\.|[^\]\\])*)\]\((https?://[^()\s]+)\)")
+_RULE = re.compile(r"^\|(?:\s*-+\s*\|)+$")
+
+
+def mrkdwn(markdown: str) -> str:
+    """A post-mortem rendered for GitHub and the Prefect UI (reports/render.py), in Slack's own
+    markup: headings and `**bold**` as `*bold*`, list items as bullets, two-column table rows as
+    `*name*: value`, links as `<url|name>`, fences as plain ```; reports.render's backslash
+    escapes undone (Slack shows them raw) and Slack's own `&`, `<`, `>` escaped instead, so text
+    from a target still forms no link or mention."""
+    out: list[str] = []
+    fence: str | None = None
+    for line in markdown.splitlines():
+        if fence is not None:
+            if line.strip() == fence:
+                fence = None
+                out.append("```")
+            else:
+                out.append(_escape(line))
+            continue
+        if (m := re.match(r"^(`{3,})\w*\s*$", line)) is not None:
+            fence = m.group(1)
+            out.append("```")
+        elif _RULE.match(line):
+            continue
+        elif (m := re.match(r"^#{1,6} (.*)$", line)) is not None:
+            out.append(f"*{_inline(m.group(1))}*")
+        elif (m := re.match(r"^\| (.*) \|$", line)) is not None:
+            cells = [c.strip() for c in re.split(r"(?<!\\)\|", m.group(1))]
+            name, rest = cells[0], [c for c in cells[1:] if c]
+            out.append(f"*{_inline(name)}*: " + " — ".join(_inline(c) for c in rest))
+        elif (m := re.match(r"^- (?:\[ \] )?(.*)$", line)) is not None:
+            out.append(f"• {_inline(m.group(1))}")
+        else:
+            out.append(_inline(line))
+    return "\n".join(out) + "\n"
+
+
+def _inline(text: str) -> str:
+    """One line of Markdown prose in mrkdwn: code spans kept (single backticks), links as
+    Slack links, escapes undone, `&<>` escaped."""
+    parts = []
+    last = 0
+    for m in _CODE_SPAN.finditer(text):
+        parts.append(_prose(text[last : m.start()]))
+        parts.append("`" + _escape(m.group(2).strip().replace("`", "'")) + "`")
+        last = m.end()
+    parts.append(_prose(text[last:]))
+    return "".join(parts)
+
+
+def _prose(text: str) -> str:
+    out, last = [], 0
+    for m in _MD_LINK.finditer(text):
+        out.append(_plain(text[last : m.start()]))
+        name = _MD_ESCAPED.sub(r"\1", m.group(1)).replace("|", "/")
+        out.append(f"<{m.group(2)}|{_escape(name)}>")
+        last = m.end()
+    out.append(_plain(text[last:]))
+    return "".join(out)
+
+
+def _plain(text: str) -> str:
+    return _escape(_MD_ESCAPED.sub(r"\1", text.replace("**", "*")))
 
 
 def _sections(text: str) -> list[dict[str, Any]]:

@@ -6,15 +6,16 @@ import os
 from pathlib import Path
 
 from runbooks.errors import CudamedicError
+from runbooks.private import private_dir, write_private
 
 
 def save_report(directory: Path, name: str, text: str) -> Path:
     """Write `text` as `directory/name`, or `name-2.md`, `-3`... when a report of that name
     exists (two responses started in the same second keep both). Returns the path written."""
-    directory.mkdir(parents=True, exist_ok=True)
+    private_dir(directory)
     path = directory / name
     tmp = directory / f".{name}.{os.getpid()}.{os.urandom(4).hex()}.tmp"
-    tmp.write_text(text, encoding="utf-8")
+    write_private(tmp, text.encode("utf-8"))  # 0600: a report quotes evidence
     try:
         for n in range(1, 1000):
             candidate = path if n == 1 else path.with_name(f"{path.stem}-{n}{path.suffix}")

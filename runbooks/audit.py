@@ -1,5 +1,6 @@
 """The audit trail as Prefect events: every audit record (runbooks.journal.audit) is also sent
-as an event (`cudamedic.fix.applied`, `cudamedic.approval.refused`, ...) about the resource
+as an event (`cudamedic.fix.started`, `cudamedic.fix.applied`, `cudamedic.fix.failed`,
+`cudamedic.approval.refused`, ...) about the resource
 `cudamedic.host.<name>`, with the container and the flow run as related resources and the
 redacted record as its payload. Events reach the Prefect server both workers use, so the trail
 is one for the fleet (the UI's event feed shows it; automations can act on it); `read()` is
@@ -14,12 +15,21 @@ from datetime import datetime
 from typing import Any
 
 log = logging.getLogger(__name__)
+FLEET_LABEL = "cudamedic.fleet"  # a label of the event's resource: the count filters on it
+
+
+class CountUnknown(Exception):
+    """More fix events than one count reads: the count is unknown (a flood, forged or real)."""
+
 
 PREFIX = "cudamedic."
-# Audit actions as event names; any other action `a` is `cudamedic.a`.
+# Audit actions as event names; any other action `a` is `cudamedic.a`. A fix is `started` before
+# it changes anything (what the per-hour cap counts: every attempt), then `applied` (verified) or
+# `failed` (rolled back, or its rollback failed): a failed fix is never called applied.
 NAMES = {
-    "apply": "fix.applied",
-    "outcome": "fix.outcome",
+    "apply": "fix.started",
+    "applied": "fix.applied",
+    "fix-failed": "fix.failed",
     "recover": "fix.recovered",
     "rollback": "fix.rolled-back",
     "cleanup": "fix.backups-removed",
@@ -46,6 +56,8 @@ def emit(record: dict[str, Any]) -> None:
         resource = {"prefect.resource.id": host_resource(host)}
         if host:
             resource["prefect.resource.name"] = host
+        if record.get("fleet"):
+            resource[FLEET_LABEL] = str(record["fleet"])
         emit_event(
             event=event_name(str(record["action"])),
             resource=resource,
@@ -125,14 +137,18 @@ def read(
 
 
 def applied_in_fleet(fleet: str, since: datetime, max_pages: int = 20) -> int | None:
-    """How many `cudamedic.fix.applied` events of this fleet the Prefect server holds since
-    `since`; None when it cannot be asked (no API, down, slow: 2 s per call, no retries)."""
+    """How many fixes this fleet started since `since`: its `cudamedic.fix.started` events on
+    the Prefect server (every attempt; the server filters on the fleet label, so another fleet's
+    events, or a flood of them, never take this fleet's pages); None when it cannot be asked (no
+    API, down, slow: 2 s per call, no retries). CountUnknown when there are more than
+    `max_pages` pages: a count cut short would loosen the cap."""
     from runbooks.prefect_api import call
 
     body = {
         "filter": {
             "occurred": {"since": since.isoformat()},
             "event": {"name": [event_name("apply")]},
+            "resource": {"labels": {FLEET_LABEL: [fleet]}},
         },
         "limit": 50,
     }
@@ -148,8 +164,10 @@ def applied_in_fleet(fleet: str, since: datetime, max_pages: int = 20) -> int | 
                     count += 1
             nxt = page.get("next_page")
             if not isinstance(nxt, str) or "/events/filter/next" not in nxt:
-                break
+                return count
             page = call("GET", "/events/filter/next" + nxt.split("/events/filter/next", 1)[1])
+        if isinstance(page, dict):
+            raise CountUnknown(f"more than {count} fix events in the window")
     except (OSError, ValueError, LookupError) as exc:
         log.warning("fleet-wide fix count unavailable: %s", type(exc).__name__)
         return None
@@ -163,7 +181,7 @@ def parse_since(text: str, now: datetime) -> datetime:
 
     from runbooks.errors import InputError
 
-    if m := re.fullmatch(r"\s*(\d{1,6})\s*([smhd])\s*", text):
+    if m := re.fullmatch(r"(\d{1,6})[ \t]*+([smhd])", text.strip()):
         unit = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days"}[m.group(2)]
         return now - timedelta(**{unit: int(m.group(1))})
     try:
@@ -184,4 +202,6 @@ def line(record: dict[str, Any]) -> str:
     said = [f"{k}={record[k]}" for k in ("decision", "outcome", "refusal") if record.get(k)]
     parts = [str(record.get("occurred", record.get("at", ""))), str(record.get("event", ""))]
     parts += [where or "-", f"by {who}" if who else f"({record.get('who', '')})", *said]
-    return terminal_safe("  ".join(parts))
+    # one event, one line: a newline in a field (anyone can emit events) is shown, not printed
+    text = "  ".join(parts).replace("\n", "\\n").replace("\u2028", "\\u2028")
+    return terminal_safe(text.replace("\u2029", "\\u2029"))

@@ -95,6 +95,10 @@ class Bundle(Frozen):
     def names(self) -> list[str]:
         return sorted({*self.files, *self.large})
 
+    def has(self, rel: str) -> bool:
+        """Whether the bundle holds `rel` (constant time: `names()` sorts them all)."""
+        return rel in self.files or rel in self.large
+
     def open(self, rel: str) -> IO[bytes]:
         if rel in self.large:
             return self.large[rel].open("rb")
@@ -165,14 +169,37 @@ def open_bundle(path: Path) -> Iterator[Bundle]:
 
 def _layout_files(root: Path) -> list[Path]:
     """The bundle layout's files under root, without walking deeper than it goes (a hostile
-    bundle may nest thousands of directories)."""
+    bundle may nest thousands of directories), and at most MAX_TAR_MEMBERS of them, as in a
+    .tar.gz: InputError past that."""
     out: list[Path] = []
-    for top in sorted(root.iterdir()):
+    for top in _entries(root, 0):
         if top.is_dir() and not top.is_symlink() and top.name in ("commands", "containers"):
-            out.extend(sorted(top.iterdir()))
+            out.extend(_entries(top, len(out)))
         else:
             out.append(top)
     return out
+
+
+def _entries(folder: Path, before: int) -> list[Path]:
+    found: list[Path] = []
+    for entry in folder.iterdir():
+        found.append(entry)
+        if before + len(found) > MAX_TAR_MEMBERS:
+            raise InputError(
+                f"{folder}: more than {MAX_TAR_MEMBERS} entries; not an evidence bundle"
+            )
+    return sorted(found)
+
+
+def is_bundle_dir(root: Path) -> bool:
+    """Does this directory hold any file of the bundle layout (bundle.json, nvidia-smi.txt,
+    dmesg.txt, trigger.txt, commands/*, containers/*, ...)?"""
+    try:
+        return any(
+            f.is_file() and in_layout(f.relative_to(root).as_posix()) for f in _layout_files(root)
+        )
+    except OSError as exc:
+        raise InputError(f"{root}: cannot read: {exc}") from exc
 
 
 def _read_dir(root: Path, origin: str) -> Bundle:
@@ -270,8 +297,11 @@ def _extract_tar(path: Path, dest: Path) -> list[Finding]:
 
 def write_tar(bundle_dir: Path) -> Path:
     """Pack a bundle directory as <dir>.tar.gz beside it."""
+    from runbooks.private import write_private
+
     target = bundle_dir.with_name(bundle_dir.name + ".tar.gz")
-    with tarfile.open(target, "w:gz") as tar:
+    write_private(target, b"")  # 0600 before a byte of evidence is in it
+    with target.open("r+b") as f, tarfile.open(fileobj=f, mode="w:gz") as tar:
         tar.add(bundle_dir, arcname=bundle_dir.name)
     return target
 

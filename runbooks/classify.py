@@ -9,9 +9,9 @@ missing or shows errors no rule explains.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from runbooks import knowledge
 from runbooks.facts import Facts, origin_of
@@ -32,6 +32,9 @@ from runbooks.rules import (
 from runbooks.similar import KnownIncident, SimilarIndex, cite, index_for, propose
 from runbooks.taxonomy import Incident
 
+if TYPE_CHECKING:
+    from runbooks.health import HealthFinding
+
 THIN_CONFIDENCE = 0.7  # one or two pasted lines say what happened, not why it happened here
 THIN_MAX_LINES = 3
 HEALTHY_ONE, HEALTHY_MANY = 0.7, 0.85  # confidence of `healthy` on one / several kinds of proof
@@ -47,15 +50,18 @@ def diagnose(
     *,
     index: SimilarIndex | None = None,
     exclude: Iterable[str] = (),
+    source_status: Mapping[str, str] | None = None,
     model: Model | Literal["packaged"] | None = "packaged",
 ) -> Diagnosis:
     """The diagnosis of one incident's facts. `index` (similar known incidents) adds citations
     and, when no rule fires, a proposal; `exclude` leaves named incidents out of it (a corpus
-    case is not its own neighbour). `model` is the learned component (runbooks/learned.py; the
-    packaged one unless given; None: rules alone).
+    case is not its own neighbour). `source_status`: the bundle's source name -> ok / failed /
+    timeout, as the sweep's health checks read it (a hung `nvidia-smi` is a timeout). `model` is
+    the learned component (runbooks/learned.py; the packaged one unless given; None: rules alone).
 
     The first that applies: the strongest rule that matched, unless the learned model is sure of
-    another class the evidence also fits (see :func:`_disputed`); `healthy`; a GPU held in an
+    another class the evidence also fits (see :func:`_disputed`); a host health finding that
+    drains the host (what the sweep says of the same bundle); `healthy`; a GPU held in an
     exclusive compute mode; the learned model's class when it is sure of it; the similar
     incidents' proposal or the words used, when they name one of the two classes the model ranks
     first; `unknown`, with the two leading candidates and the check that tells them apart."""
@@ -63,7 +69,8 @@ def diagnose(
     text = evidence_text(facts)
     found = index.query(text, k=SIMILAR_POOL, exclude=exclude) if index else []
     neighbours = found[:SIMILAR_CITED]
-    common = _common_fields(facts, host, neighbours)
+    health = _health(facts, source_status)
+    common = _common_fields(facts, host, neighbours, health)
     thin = is_thin(facts)
     opinion = Opinion(packaged_model() if model == "packaged" else model, model_input(facts))
     if matches:
@@ -74,7 +81,8 @@ def diagnose(
         errors = error_lines(facts)
         healthy = _healthy(facts, errors, common)
         diagnosis = (
-            (healthy and (_disputed_healthy(healthy, opinion, common) or healthy))
+            _from_drain_finding(health, common)
+            or (healthy and (_disputed_healthy(healthy, opinion, common) or healthy))
             or _exclusive_mode(facts, common)
             or _from_model(facts, opinion, errors, common)
             or _from_similar(facts, neighbours, opinion, errors, common)
@@ -240,8 +248,21 @@ def cite_for(
     return tuple(s.model_copy(update={"same_cause": s.incident == incident}) for s in cited)
 
 
+def _health(facts: Facts, status: Mapping[str, str] | None) -> list[HealthFinding]:
+    """The host health checks of the same facts (runbooks/health.py: one engine with the
+    sweep); none for a host that was not reached."""
+    from runbooks.health import check_host
+
+    if facts.ssh_error is not None:
+        return []
+    return list(check_host("", facts, facts.thresholds, source_status=status).findings)
+
+
 def _common_fields(
-    facts: Facts, host: str | None, neighbours: list[tuple[KnownIncident, float]]
+    facts: Facts,
+    host: str | None,
+    neighbours: list[tuple[KnownIncident, float]],
+    health: list[HealthFinding],
 ) -> dict[str, object]:
     """What every diagnosis carries: host, container, findings and the similar incidents."""
     container = next((c.name for c in facts.containers.values() if c.inspect), None) or next(
@@ -250,9 +271,35 @@ def _common_fields(
     return {
         "host": host,
         "container": container,
-        "findings": (*facts.findings, *host_findings(facts)),
+        "findings": (*facts.findings, *as_findings(health)),
         "similar": cite(neighbours),
     }
+
+
+DRAIN_FINDING_CONFIDENCE = 0.8
+
+
+def _from_drain_finding(health: list[HealthFinding], common: dict[str, object]) -> Diagnosis | None:
+    """No rule matched, but a health check drains the host (e.g. `nvidia-smi` hung: the
+    collector's timeout, no message to match): its class is the diagnosis, as in the sweep's
+    verdict of the same bundle — never a proposal from similar incidents that contradicts it."""
+    drain = [f for f in health if f.level == "drain" and f.incident != Incident.UNKNOWN]
+    if not drain:
+        return None
+    f = drain[0]
+    incident = Incident(f.incident)
+    evidence = f.evidence or (Line(source="bundle.json", line=0, text=f.message),)
+    return Diagnosis(
+        incident=incident,
+        confidence=DRAIN_FINDING_CONFIDENCE,
+        summary=f"{explain(incident)} Why: {f.message} (host check {f.key}).",
+        evidence=tuple(evidence),
+        secondary=tuple(
+            dict.fromkeys(Incident(g.incident) for g in drain[1:] if g.incident != incident)
+        ),
+        next_checks=knowledge.class_info(incident).next,
+        **common,
+    )
 
 
 def _from_rules(
@@ -260,17 +307,23 @@ def _from_rules(
 ) -> Diagnosis:
     """The strongest match decides; on thin evidence its confidence is capped and said so."""
     primary = matches[0]
+    fix = propose_fix(primary, facts)
+    if fix is not None and fix.container:  # the container whose own evidence shows the fault
+        common = {**common, "container": fix.container}
     confidence = min(primary.confidence, THIN_CONFIDENCE) if thin else primary.confidence
     summary = _summary(primary)
     if thin:
-        summary += " Only pasted text was seen: this is the most likely cause, not a finding."
+        summary = (
+            f"{summary.rstrip('.')}. Only {thin_source(facts)} was seen: this is the most likely "
+            "cause, not a finding."
+        )
     return Diagnosis(
         incident=primary.incident,
         confidence=confidence,
         summary=summary,
         evidence=primary.evidence,
         secondary=tuple(dict.fromkeys(m.incident for m in matches[1:])),
-        fix=propose_fix(primary, facts),
+        fix=fix,
         matches=tuple(matches),
         basis="thin-evidence" if thin else "evidence",
         next_checks=knowledge.class_info(primary.incident).next
@@ -512,10 +565,11 @@ WORD_GUESS_MIN = 2  # distinct class words in a longer text, and a lead over the
 def host_findings(facts: Facts) -> list[Finding]:
     """The host health checks of the same facts (runbooks/health.py, one engine with the sweep),
     as findings of the diagnosis: code ``CODE@SUBJECT``, ``error`` for what drains a host."""
-    from runbooks.health import check_host
+    return as_findings(_health(facts, None))
 
-    if facts.ssh_error is not None:
-        return []
+
+def as_findings(health: Iterable[HealthFinding]) -> list[Finding]:
+    """Health findings as findings of a diagnosis."""
     return [
         Finding(
             code=f.key,
@@ -524,7 +578,7 @@ def host_findings(facts: Facts) -> list[Finding]:
             line=f.evidence[0].line if f.evidence else None,
             severity="error" if f.level == "drain" else "warning",
         )
-        for f in check_host("", facts, facts.thresholds).findings
+        for f in health
     ]
 
 
@@ -572,6 +626,17 @@ def _summary(match: Match) -> str:
     elif match.evidence:
         text += f" Decided by: {match.evidence[0].text.strip()[:200]}"
     return text
+
+
+def thin_source(facts: Facts) -> str:
+    """What thin evidence was: the pasted text (`classify -`, a trigger), a container log (a
+    log file given to `classify`), or a few lines of both."""
+    sources = {s.source for s in facts.scans if s.lines}
+    if sources and sources <= {"trigger.txt"}:
+        return "pasted text"
+    if sources and all(s.startswith("containers/") and s.endswith(".log") for s in sources):
+        return "a short container log"
+    return "a few lines of text"
 
 
 def is_thin(facts: Facts) -> bool:
@@ -683,8 +748,8 @@ def health_evidence(facts: Facts) -> list[Line]:
 
 # A log line reporting progress: a loss, a step/epoch/iteration counter, a throughput.
 _PROGRESS = re.compile(
-    r"(?i)(['\"]?loss['\"]?\s*[:=]\s*[0-9.]+|\b(epoch|step|iter(ation)?)\b\s*[:=#]?\s*\[?[0-9]+|"
-    r"[0-9.]+\s*(it/s|s/it|samples/s|tokens/s|img/s))"
+    r"(?i)(['\"]?loss['\"]?\s*+[:=]\s*+[0-9.]++|\b(epoch|step|iter(ation)?)\b\s*+[:=#]?\s*+\[?[0-9]+|"
+    r"(?<![0-9.])[0-9.]++\s*+(it/s|s/it|samples/s|tokens/s|img/s))"
 )
 
 
@@ -750,13 +815,21 @@ def classify_path(
     with open_bundle(Path(str(path))) as bundle:
         facts = gather(bundle)
         host = bundle.meta.host if bundle.meta else None
-    return diagnose(facts, host=host, index=index_for(state_dir), exclude=exclude, model=model)
+        status = {s.name: s.status for s in bundle.meta.sources} if bundle.meta else None
+    return diagnose(
+        facts,
+        host=host,
+        index=index_for(state_dir),
+        exclude=exclude,
+        source_status=status,
+        model=model,
+    )
 
 
 def render_text(d: Diagnosis) -> str:
     """The diagnosis as a person reads it in a terminal (evidence text shown escaped)."""
     label = {
-        "thin-evidence": "  - a guess from pasted text",
+        "thin-evidence": "  - a guess from a few lines of text",
         "similar-incidents": "  - a proposal from similar incidents",
         "keywords": "  - a guess from the words used",
         "model": "  - named by the learned model, not a known message",
@@ -871,7 +944,13 @@ def render_explain(d: Diagnosis) -> str:
 
 
 def to_json(d: Diagnosis) -> dict[str, object]:
+    """`classify --json`: one object, with the `schema` of every --json (docs/cli-json.md)."""
+    from runbooks.cli_json import SCHEMA
+
     return {
+        "schema": SCHEMA,
+        "command": "classify",
+        "exit_code": 0,
         "incident": d.incident,
         "confidence": d.confidence,
         "basis": d.basis,

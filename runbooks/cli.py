@@ -51,8 +51,10 @@ OUTCOME_EXIT = {
     "refused": EXIT_REFUSED,
     "approval-timed-out": EXIT_REFUSED,
     "rolled-back": EXIT_ROLLED_BACK,
+    "unreachable": EXIT_UNREACHABLE,
+    "locked": EXIT_REFUSED,
 }
-JSON_COMMANDS = ("collect", "fix", "triage", "sweep", "audit")
+JSON_COMMANDS = ("collect", "fix", "triage", "sweep", "audit", "classify", "pending")
 
 
 def show(text: object, *, err: bool = False) -> None:
@@ -213,14 +215,24 @@ def cmd_classify(args: argparse.Namespace) -> int:
     if str(args.path) == "-":
         diagnosis = _classify_stdin(settings.state_path)
     else:
+        from runbooks.bundle import is_bundle_dir
         from runbooks.collect import missing_container
-        from runbooks.errors import NoSuchContainer
+        from runbooks.errors import InputError, NoSuchContainer
 
-        if Path(args.path).is_dir() and (why := missing_container(Path(args.path))):
+        path = Path(args.path)
+        if path.is_dir() and not is_bundle_dir(path):
+            raise InputError(
+                f"{path} is not an evidence bundle: it has none of a bundle's files "
+                "(bundle.json, nvidia-smi.txt, dmesg.txt, trigger.txt, containers/, commands/). "
+                "Give a bundle directory (`cudamedic collect` prints one), a bundle .tar.gz, a "
+                "log file, or - for pasted text"
+            )
+        if path.is_dir() and (why := missing_container(path)):
             raise NoSuchContainer(f"{why} (nothing to diagnose in {args.path})")
         diagnosis = classify_path(args.path, state_dir=settings.state_path)
     if args.json:
-        print(json.dumps(to_json(diagnosis), indent=2))
+        args.json_emitted = True
+        print(json.dumps(to_json(diagnosis), indent=2), file=args.json_out, flush=True)
     else:
         show(render_text(diagnosis))
         if args.explain:
@@ -239,6 +251,12 @@ def _classify_stdin(state_dir: Path) -> Any:
     from runbooks.errors import InputError
     from runbooks.redact import redact_text
 
+    if sys.stdin.isatty():  # a person at a terminal: say what the silence waits for
+        print(
+            "cudamedic: paste the error text, then press Ctrl-D on a new line (Ctrl-C cancels)",
+            file=sys.stderr,
+            flush=True,
+        )
     data = sys.stdin.buffer.read(STDIN_MAX_BYTES + 1)
     if len(data) > STDIN_MAX_BYTES:
         raise InputError(f"standard input is over {STDIN_MAX_BYTES // 2**20} MiB: pass a file")
@@ -341,7 +359,10 @@ def cmd_confirm(args: argparse.Namespace) -> int:
     from runbooks.journal import who
 
     settings = _settings(args)
-    incident = confirm(settings.state_path, args.report, args.by or who(), args.incident)
+    _prefect(args, settings)  # the history is the fleet's, in Prefect (runbooks/history.py)
+    incident = confirm(
+        settings.state_path, args.report, args.by or who(), args.incident, fleet=settings.fleet
+    )
     print(
         f"confirmed: {Path(args.report).name} is {incident}; it is now cited as a known "
         "incident of this team"
@@ -391,15 +412,19 @@ def cmd_triage(args: argparse.Namespace) -> int:
             container=args.container,
             trigger=args.trigger,
             apply=args.apply,
-            approved_by=cli_claim() if args.yes else None,  # judged by the flow's rule
+            approved_by=cli_claim(settings) if args.yes else None,  # judged by the flow's rule
             ask=_confirm if interactive else None,
             say=show,
-            actor=cli_claim(),
+            actor=cli_claim(settings),
         )
     if response.outcome == "no-such-container":
         from runbooks.errors import NoSuchContainer
 
         raise NoSuchContainer(response.detail)
+    if response.outcome == "locked":  # nothing was written: the fix that holds it reports
+        from runbooks.errors import FixLocked
+
+        raise FixLocked(response.detail)
     _say_failures(response.host, Path(response.bundle))
     reason, failed = _failures(Path(response.bundle))
     _show_response(response)
@@ -485,21 +510,55 @@ def cmd_approve(args: argparse.Namespace) -> int:
             "--by is gone: an answer is given as your OS user (os:USER), which the setting "
             "approver_os_users maps to an approver (deploy/OPERATIONS.md, 'Who may approve')"
         )
+    from uuid import UUID
+
+    try:
+        UUID(args.run_id)  # before a Prefect server is asked (or started)
+    except ValueError:
+        raise InputError(
+            f"{args.run_id!r} is not a flow run id: give the id `cudamedic triage` printed "
+            "(`cudamedic approve 0b9f...`)"
+        ) from None
     settings = _settings(args)
     _prefect(args, settings)
-    from flows.triage import answer, verdict
+    from flows.triage import RESUME_WAIT_S, VERDICT_WAIT_S, acted_since, answer, queued, verdict
+    from runbooks.approvals import answer_proof
 
-    decision, by = ("reject" if args.reject else "approve"), cli_claim()
-    sent = now() - timedelta(seconds=5)  # the worker's clock may be a little behind ours
-    print(answer(args.run_id, decision, by, args.reason or ""))
-    judged = verdict(args.run_id, by, sent)
+    decision, by = ("reject" if args.reject else "approve"), cli_claim(settings)
+    key = settings.approval_key
+    # signed with the fleet's approval key where this host holds it: the flow then knows the OS
+    # user was established on a trusted host, not merely claimed (runbooks/approvals.py)
+    proof = answer_proof(key.get_secret_value(), "os", args.run_id, decision, by) if key else ""
+    asked = now()
+    sent = asked - timedelta(seconds=5)  # the worker's clock may be a little behind ours
+    print(answer(args.run_id, decision, by, args.reason or "", proof))
+    # a suspended run (a worker's) is scheduled again: a worker takes it and collects first
+    suspended = queued(args.run_id)
+    judged = verdict(args.run_id, by, sent, RESUME_WAIT_S if suspended else VERDICT_WAIT_S)
+    if judged is None and acted_since(args.run_id, asked):
+        print(
+            "the flow took the answer; its verdict is not in the audit trail yet: `cudamedic audit`"
+        )
+        return EXIT_OK
+    if judged is None and queued(args.run_id):
+        print(
+            f"the answer is kept with flow run {args.run_id}, which waits for a worker of its "
+            f"pool to take it (none did within {RESUME_WAIT_S:g} s): it is judged when one does "
+            "(`cudamedic pending`, `cudamedic audit`)"
+        )
+        return EXIT_OK
     if judged is None:
-        print("the flow has not said yet whether it takes the answer; `cudamedic audit` will")
-    elif judged.get("refusal"):
+        print(
+            f"cudamedic: flow run {args.run_id} did not take the answer within "
+            f"{VERDICT_WAIT_S:g} s: the process that ran it is gone (interrupted or killed), "
+            "so it can no longer act. Respond again with `cudamedic triage`.",
+            file=sys.stderr,
+        )
+        return EXIT_FAILED
+    if judged.get("refusal"):
         print(f"cudamedic: refused by the flow: {judged['refusal']}", file=sys.stderr)
         return EXIT_REFUSED
-    else:
-        print(f"taken: {decision} by {judged.get('identity')}")
+    print(f"taken: {decision} by {judged.get('identity')}")
     return 0
 
 
@@ -581,6 +640,12 @@ def _show_sweep(result: SweepRun, counts: dict[str, int]) -> None:
         subject = f" ({c.subject})" if c.subject else ""
         level = f" [{c.level}]" if c.level else ""
         show(f"  {c.change:8} {c.host}: {c.code}{subject}{level} {c.message[:160]}")
+    for n in result.not_checked:
+        subject = f" ({n.subject})" if n.subject else ""
+        show(
+            f"  {'not checked':11} {n.host}: {n.code}{subject} [{n.level}] {n.why}; "
+            "kept as the last sweep saw it"
+        )
     for run_id in result.responses:
         show(f"  incident response started: flow run {run_id}")
     show(f"report:    {result.report}")
@@ -592,7 +657,7 @@ def _sweep_result(
     result: SweepRun, code: int, counts: dict[str, int], still: dict[str, list[str]]
 ) -> SweepResult:
     """The --json object of `sweep` (docs/cli-json.md)."""
-    from runbooks.cli_json import SweepChange, SweepResult
+    from runbooks.cli_json import SweepChange, SweepNotChecked, SweepResult
 
     return SweepResult(
         exit_code=code,
@@ -612,6 +677,12 @@ def _sweep_result(
             )
             for c in result.changes
         ],
+        not_checked=[
+            SweepNotChecked(
+                host=n.host, code=n.code, subject=n.subject or None, level=n.level, why=n.why
+            )
+            for n in result.not_checked
+        ],
         responses=result.responses,
         report=result.report,
         flow_run_url=result.flow_run_url,
@@ -621,7 +692,11 @@ def _sweep_result(
 def cmd_serve(args: argparse.Namespace) -> int:
     settings = _settings(args)
     _prefect(args, settings)
+    from flows.announce import warnings
     from flows.serve import serve
+
+    for line in warnings(settings):
+        show(f"cudamedic: warning: {line}", err=True)
 
     serve(settings)
     return 0
@@ -632,6 +707,9 @@ def cmd_alerts(args: argparse.Namespace) -> int:
     settings = _settings(args)
     inventory = _required_inventory(settings, "the alert receiver")
     token = settings.alert_token.get_secret_value() if settings.alert_token else ""
+    from flows.alerts import check_token
+
+    check_token(token)  # before a Prefect server is asked (or started)
     _prefect(args, settings)
     from flows.alerts import SEEN_TTL_S, make_server
     from flows.fleet_state import Memory
@@ -640,7 +718,8 @@ def cmd_alerts(args: argparse.Namespace) -> int:
     listen = args.listen or settings.alert_listen
     port = args.port if args.port is not None else settings.alert_port
     seen = Memory(ttl=SEEN_TTL_S)  # in Prefect: every replica of the receiver shares it
-    server = make_server(listen, port, token, inventory, seen, Limits.of(settings))
+    key = settings.approval_key.get_secret_value() if settings.approval_key else ""
+    server = make_server(listen, port, token, inventory, seen, Limits.of(settings), key)
     return _serve_http(server, "alert receiver: POST {base}/alertmanager")
 
 
@@ -681,7 +760,11 @@ def _serve_http(server: HttpServer, banner: str) -> int:
 def cmd_server(args: argparse.Namespace) -> int:
     """This state dir's embedded server: one per state dir, on the settings' port. A server of
     another state dir on that port is reported, never used or stopped (flows/server.py)."""
+    import os
+
     from flows.server import (
+        AUTH_FILE,
+        auth_string,
         ensure_local_server,
         foreign_server,
         healthy,
@@ -689,9 +772,23 @@ def cmd_server(args: argparse.Namespace) -> int:
         prefect_home,
         stop_local_server,
     )
+    from runbooks.errors import InputError
 
     settings = _settings(args)
+    named = os.environ.get("PREFECT_API_URL")
+    if named and args.action == "status":  # the server every other command would use
+        up = healthy(named)
+        print(f"{named}: {'up' if up else 'down'} (PREFECT_API_URL; not an embedded server)")
+        return 0 if up else 1
+    if named:
+        raise InputError(
+            f"PREFECT_API_URL names {named}: `server {args.action}` manages only this state "
+            "dir's embedded server, which no command uses while PREFECT_API_URL is set"
+        )
     url, home = local_url(settings), prefect_home(settings)
+    if (home / AUTH_FILE).exists() and not os.environ.get("PREFECT_API_AUTH_STRING"):
+        # ask this state dir's server as its clients do: it answers who it is only with it
+        os.environ["PREFECT_API_AUTH_STRING"] = auth_string(settings)
     other = foreign_server(settings)
     if args.action == "start":
         ensure_local_server(settings)
@@ -749,8 +846,9 @@ def bash_completion(parser: argparse.ArgumentParser) -> str:
     sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
     cases = []
     for name, p in sub.choices.items():
-        words = [o for a in p._actions for o in a.option_strings]
-        words += [str(c) for a in p._actions if not a.option_strings for c in a.choices or ()]
+        shown = [a for a in p._actions if a.help != argparse.SUPPRESS]  # never a gone flag
+        words = [o for a in shown for o in a.option_strings]
+        words += [str(c) for a in shown if not a.option_strings for c in a.choices or ()]
         cases.append(f'        {name}) words="{" ".join(words)}" ;;')
     top = [o for a in parser._actions for o in a.option_strings] + list(sub.choices)
     return "\n".join(
@@ -967,6 +1065,18 @@ def _classify_parser(sub: Subparsers) -> None:
     p.set_defaults(func=cmd_classify)
 
 
+def _operators() -> tuple[Callable[[Subparsers], None], ...]:
+    """`metrics`, `history`, `pending` and `worker` (runbooks/cli_operators.py)."""
+    from runbooks import cli_operators
+
+    return (
+        cli_operators.metrics_parser,
+        cli_operators.history_parser,
+        cli_operators.pending_parser,
+        cli_operators.worker_parser,
+    )
+
+
 # Every subcommand, in the order `cudamedic --help` lists them. A new one: a `_NAME_parser`
 # function above (its arguments, `set_defaults(func=cmd_NAME)`) and its place here.
 SUBCOMMANDS: tuple[Callable[[Subparsers], None], ...] = (
@@ -985,6 +1095,7 @@ SUBCOMMANDS: tuple[Callable[[Subparsers], None], ...] = (
     _breaker_parser,
     _completion_parser,
     _classify_parser,
+    *_operators(),
 )
 
 
@@ -1013,18 +1124,55 @@ def main(argv: list[str] | None = None) -> int:
     import contextlib
 
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = _parse(parser, argv)
     _logging(args.verbose)
     json_mode = args.command in JSON_COMMANDS and bool(getattr(args, "json", False))
     # --json: the one object goes to the real stdout; everything else a command says to stderr.
     args.json_out, args.json_emitted = sys.stdout, False
-    with contextlib.redirect_stdout(sys.stderr) if json_mode else contextlib.nullcontext():
-        code, error = _run(args)
-    if json_mode and not args.json_emitted:
-        from runbooks.cli_json import ErrorResult
+    try:
+        with contextlib.redirect_stdout(sys.stderr) if json_mode else contextlib.nullcontext():
+            code, error = _run(args)
+        if json_mode and not args.json_emitted:
+            from runbooks.cli_json import ErrorResult
 
-        _emit(args, ErrorResult(command=args.command, exit_code=code, error=error or "failed"))
+            _emit(args, ErrorResult(command=args.command, exit_code=code, error=error or "failed"))
+    except BrokenPipeError:
+        return _reader_gone()
     return code
+
+
+def _reader_gone() -> int:
+    """Standard output's reader went away (`cudamedic classify - | head`): what it wanted was
+    written; stop quietly, as cat or grep do, and keep Python from complaining at exit."""
+    import os
+
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass
+    return EXIT_OK
+
+
+def _parse(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
+    """Parse; an option the subcommand does not have is that subcommand's error (its own usage,
+    not the top level's), with the closest option it does have."""
+    import difflib
+
+    args, extra = parser.parse_known_args(argv)
+    if not extra:
+        return args
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    command: argparse.ArgumentParser = sub.choices[args.command]
+    options = [o for a in command._actions if a.help != argparse.SUPPRESS for o in a.option_strings]
+    hints = []
+    for word in extra:
+        if word.startswith("-"):
+            close = difflib.get_close_matches(word.split("=", 1)[0], options, n=1, cutoff=0.6)
+            if close:
+                hints.append(f"{word}: did you mean {close[0]}?")
+    message = f"unrecognized arguments: {' '.join(extra)}"
+    command.error(message + (" (" + "; ".join(hints) + ")" if hints else ""))
 
 
 def _run(args: argparse.Namespace) -> tuple[int, str | None]:
@@ -1054,9 +1202,12 @@ def _run(args: argparse.Namespace) -> tuple[int, str | None]:
         return fail(EXIT_REFUSED, "refused", str(exc))
     except CudamedicError as exc:
         return fail(EXIT_INTERNAL, "error", str(exc))
-    except KeyboardInterrupt:
-        print("cudamedic: interrupted", file=sys.stderr)
-        return EXIT_INTERRUPTED, "interrupted"
+    except BrokenPipeError:  # the reader of standard output went away: main() stops quietly
+        raise
+    except KeyboardInterrupt as exc:  # flows/triage.py says what became of a response
+        said = safe(str(exc))
+        print(f"cudamedic: interrupted{': ' + said if said else ''}", file=sys.stderr)
+        return EXIT_INTERRUPTED, "interrupted" + (f": {said}" if said else "")
     except Exception as exc:  # a bug or an unexpected failure: one line, the details with -v
         if args.verbose:
             raise

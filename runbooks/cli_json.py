@@ -1,4 +1,5 @@
-"""What `--json` prints: one object per command on stdout (the schema of docs/cli-json.md).
+"""What `--json` prints: one object per command on stdout (the schema of docs/cli-json.md;
+`classify --json` is built by runbooks/classify.py `to_json`, with the same three fields).
 
 Every object carries `schema` (this module's SCHEMA, raised on any incompatible change),
 `command` and `exit_code` (the process's exit status). A command that stops on an error prints
@@ -104,6 +105,14 @@ class SweepChange(BaseModel):
     message: str
 
 
+class SweepNotChecked(BaseModel):
+    host: str
+    code: str
+    subject: str | None = None
+    level: str
+    why: str  # e.g. "nccl-tests did not run", "the host was not reached"
+
+
 class SweepResult(_Result):
     command: Literal["sweep"] = "sweep"
     hosts: int
@@ -112,13 +121,15 @@ class SweepResult(_Result):
     verdicts: dict[str, str]  # host -> healthy | warning | drain
     still: dict[str, list[str]]  # drain, warning -> the hosts that still are
     changes: list[SweepChange]
+    # the last sweep's findings this one could not check, kept as they were
+    not_checked: list[SweepNotChecked] = []
     responses: list[str] = []  # flow run ids of incident responses started
     report: str
     flow_run_url: str | None = None
 
 
 class AuditEvent(BaseModel):
-    event: str  # cudamedic.fix.applied, cudamedic.approval.refused, ...
+    event: str  # cudamedic.fix.started, .fix.applied, .fix.failed, .approval.refused, ...
     occurred: str  # ISO 8601, UTC
     record: dict[str, Any]  # the audit record: at, who, action, host, ... (redacted)
 
@@ -127,3 +138,11 @@ class AuditResult(_Result):
     command: Literal["audit"] = "audit"
     since: str
     events: list[AuditEvent]  # oldest first
+
+
+class PendingResult(_Result):
+    """`cudamedic pending --json`: each fix that waits for a person (runbooks/approvals.py
+    WaitingApproval, plus `state`: Paused or Suspended)."""
+
+    command: Literal["pending"] = "pending"
+    approvals: list[dict[str, Any]]

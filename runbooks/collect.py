@@ -26,12 +26,14 @@ from runbooks.errors import ContainerNotFound, CudamedicError, InputError, Targe
 from runbooks.evidence.docker_inspect import facts_from_dict
 from runbooks.evidence.nvidia_smi import parse_nvidia_smi
 from runbooks.model import Finding
+from runbooks.private import private_dir, write_private
 from runbooks.redact import redact_json, redact_text
 from runbooks.remote.docker import DockerEngine
 from runbooks.remote.runner import CommandResult, CommandRunner, LocalRunner
 from runbooks.remote.ssh import SshRunner
 from runbooks.runbook import Runbook, load_runbook
 from runbooks.settings import Settings
+from runbooks.smi_guard import SmiGuard
 from runbooks.sources import NCCL_TESTS_PATH, ContainerProbe, HostSource
 from runbooks.target import Target
 
@@ -57,7 +59,7 @@ class _Writer:
         path = self.root.joinpath(*parts)
         if self.root.resolve() not in path.resolve().parents:
             raise InputError(f"refused to write {names.display(rel)!r}: outside the bundle")
-        path.parent.mkdir(parents=True, exist_ok=True)
+        private_dir(path.parent)
         return path
 
     def text(self, rel: str, data: bytes | str) -> None:
@@ -77,10 +79,10 @@ class _Writer:
         else:
             raw = data
         clean = redact_text(raw)
-        self._path(rel).write_bytes(clean.encode("utf-8", errors="surrogateescape"))
+        write_private(self._path(rel), clean.encode("utf-8", errors="surrogateescape"))
 
     def json(self, rel: str, data: Any) -> None:
-        self._path(rel).write_text(dumps_json(redact_json(data)), encoding="utf-8")
+        write_private(self._path(rel), dumps_json(redact_json(data)).encode("utf-8"))
 
     def add(self, result: SourceResult) -> None:
         self.sources.append(result)
@@ -95,7 +97,7 @@ def _result_from_command(
 ) -> SourceResult:
     if res.timed_out:
         status = "timeout"
-        error: str | None = f"timed out after {res.duration_s:g}s"
+        error: str | None = res.note or f"timed out after {res.duration_s:g}s"
     elif res.exit_code in ok_codes:
         status, error = "ok", None
     else:
@@ -120,6 +122,10 @@ def _run_host_source(
     runner: CommandRunner, src: HostSource, settings: Settings, writer: _Writer
 ) -> None:
     timeout = src.timeout or settings.command_timeout
+    if src.requires and not _installed(runner, src.requires):
+        missing = f"{src.requires} not found on the host"
+        writer.add(SourceResult(name=src.name, status="skipped", note=missing))
+        return
     res = runner.run(
         src.command, timeout=timeout, max_bytes=settings.output_max_bytes, keep=src.keep
     )
@@ -158,6 +164,11 @@ def _run_host_source(
     )
 
 
+def _installed(runner: CommandRunner, program: str) -> bool:
+    """Is `program` on the host's PATH? (`command -v`, quoted; 10 s)"""
+    return runner.run(f"command -v {shlex.quote(program)}", timeout=10, max_bytes=4096).ok
+
+
 def _run_nccl_tests(runner: CommandRunner, settings: Settings, writer: _Writer) -> None:
     name = "nccl-tests"
     if not settings.nccl_tests_enabled:
@@ -177,6 +188,10 @@ def _run_nccl_tests(runner: CommandRunner, settings: Settings, writer: _Writer) 
     gpus = settings.nccl_tests_gpus
     if gpus is None:
         listing = runner.run("nvidia-smi -L", timeout=settings.command_timeout, max_bytes=65536)
+        if listing.timed_out:  # hung, or not started beside a hung one (runbooks/smi_guard.py)
+            note = listing.note or "nvidia-smi -L timed out"
+            writer.add(SourceResult(name=name, status="skipped", note=note))
+            return
         gpus = sum(
             1
             for ln in listing.stdout.decode("utf-8", "replace").splitlines()
@@ -414,8 +429,8 @@ def _new_dir(path: Path) -> Path:
     for n in range(1, 100):
         candidate = path if n == 1 else path.with_name(f"{path.name}-{n}")
         try:
-            candidate.mkdir(parents=True, exist_ok=False)
-            return candidate
+            private_dir(candidate.parent)
+            return private_dir(candidate, exist_ok=False)
         except FileExistsError:
             continue
         except OSError as exc:
@@ -459,7 +474,7 @@ def collect(
         findings=tuple(writer.findings),
     )
     tmp = root / "bundle.json.tmp"
-    tmp.write_text(meta.model_dump_json(indent=2) + "\n", encoding="utf-8")
+    write_private(tmp, (meta.model_dump_json(indent=2) + "\n").encode("utf-8"))
     os.replace(tmp, root / "bundle.json")
     return root
 
@@ -477,8 +492,10 @@ def _collect_sources(
     engine: DockerEngine | None = None
     try:
         runner = _open_runner(target, settings, writer)
+        # nvidia-smi one at a time, none while a hung one runs, killed at its timeout
+        guarded = SmiGuard(runner) if runner is not None else None
         with concurrent.futures.ThreadPoolExecutor(max_workers=4) as pool:
-            futures = _start_host_sources(pool, runner, runbook, settings, writer)
+            futures = _start_host_sources(pool, guarded, runbook, settings, writer)
             # Docker, beside the host commands.
             engine = _open_engine(runner, target, settings, writer)
             if engine is not None:

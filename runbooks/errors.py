@@ -11,6 +11,7 @@
      +-- InputError             bad user input (names, paths, inventory, config)
      |    +-- NoSuchContainer   a named container does not exist on a host that answered
      +-- FixError               a fix could not be applied
+          +-- FixLocked         another fix of that container holds its lock
           +-- VerifyFailed
           +-- RollbackFailed
 
@@ -62,6 +63,10 @@ class NoSuchContainer(InputError):
 
 class FixError(CudamedicError):
     pass
+
+
+class FixLocked(FixError):
+    """Another fix (or rollback) of the container holds its lock, here or on the target."""
 
 
 class VerifyFailed(FixError):

@@ -15,6 +15,14 @@ from typing import Literal, NamedTuple
 from pydantic import BaseModel, ConfigDict
 
 from runbooks.bundle import LOG_FILE, Bundle
+from runbooks.evidence.dcgmi import (
+    DcgmDiag,
+    DcgmDiscovery,
+    DcgmHealth,
+    parse_dcgmi_diag,
+    parse_dcgmi_discovery,
+    parse_dcgmi_health,
+)
 from runbooks.evidence.dmesg import KernelLogFacts, parse_kernel_log
 from runbooks.evidence.docker_inspect import ImageNow, InspectFacts, parse_image_now, parse_inspect
 from runbooks.evidence.nccl_tests import NcclTestFacts, parse_nccl_tests
@@ -72,6 +80,16 @@ class ContainerFacts(BaseModel):
     cuda_cache: CudaCache | None = None  # `du -sk ~/.nv/ComputeCache` inside the container
 
 
+class DcgmFacts(BaseModel):
+    """What NVIDIA DCGM's `dcgmi` said, on a host that has it (runbooks/evidence/dcgmi.py)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    discovery: DcgmDiscovery | None = None
+    health: DcgmHealth | None = None
+    diag: DcgmDiag | None = None
+
+
 class Facts(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -90,6 +108,7 @@ class Facts(BaseModel):
     lsmod: str | None = None
     host_ulimits: Ulimits | None = None  # commands/*.txt holding `ulimit -a` or /proc/PID/limits
     topology: Topology | None = None  # commands/*.txt holding `nvidia-smi topo -m`
+    dcgm: DcgmFacts | None = None  # commands/dcgmi-*.txt, where the host has DCGM
     containers: dict[str, ContainerFacts] = {}
     scans: list[ScanResult] = []
     exceptions: list[Line] = []
@@ -206,6 +225,11 @@ READERS: tuple[tuple[str, Reader], ...] = (
     ("commands/uname.txt", Reader("smi", "host")),
     ("commands/lsmod-nvidia.txt", Reader("smi", "host")),
     ("commands/container-toolkit.txt", Reader("smi", "host")),
+    # NVIDIA DCGM (`dcgmi`, where installed): inventories read by their own parser, never scanned
+    # (a diag's "Fail" rows and DCGM's advice text are facts, not a workload's log).
+    ("commands/dcgmi-discovery.txt", Reader(None, "host")),
+    ("commands/dcgmi-health.txt", Reader(None, "host")),
+    ("commands/dcgmi-diag.txt", Reader(None, "host")),
     ("*ulimit-a.txt", Reader(None, "host")),  # a person's `ulimit -a`: facts (host_ulimits)
     ("*ulimit.txt", Reader(None, "host")),
     ("commands/*", Reader("command", "host")),
@@ -303,6 +327,7 @@ def _read_host_files(facts: Facts, bundle: Bundle) -> None:
         facts.toolkit_version = parse_toolkit_version(text, "commands/container-toolkit.txt")
     if (text := files.get("commands/lsmod-nvidia.txt")) is not None:
         facts.lsmod = text
+    facts.dcgm = _read_dcgm(files)
     for rel, text in sorted(files.items()):
         # A person's `ulimit -a`, or a daemon's /proc/PID/limits, under any command name.
         if rel.startswith("commands/") and "locked memory" in text.lower():
@@ -311,6 +336,27 @@ def _read_host_files(facts: Facts, bundle: Bundle) -> None:
                 facts.host_ulimits = limits
         if rel.startswith("commands/") and is_topology(text):
             facts.topology = parse_topology(text, rel)
+
+
+DCGM_FILES = {
+    "discovery": "commands/dcgmi-discovery.txt",
+    "health": "commands/dcgmi-health.txt",
+    "diag": "commands/dcgmi-diag.txt",
+}
+
+
+def _read_dcgm(files: dict[str, str]) -> DcgmFacts | None:
+    """`dcgmi discovery -l`, `health -c`, `diag -r N` as collected (None: no DCGM output)."""
+    if not any(rel in files for rel in DCGM_FILES.values()):
+        return None
+    out = DcgmFacts()
+    if (text := files.get(DCGM_FILES["discovery"])) is not None:
+        out.discovery = parse_dcgmi_discovery(text, DCGM_FILES["discovery"])
+    if (text := files.get(DCGM_FILES["health"])) is not None:
+        out.health = parse_dcgmi_health(text, DCGM_FILES["health"])
+    if (text := files.get(DCGM_FILES["diag"])) is not None:
+        out.diag = parse_dcgmi_diag(text, DCGM_FILES["diag"])
+    return out
 
 
 def _read_texts(facts: Facts, bundle: Bundle) -> None:
@@ -400,7 +446,7 @@ def _key_lines(text: str, source: str) -> dict[str, Line]:
 
 def _container(bundle: Bundle, name: str) -> ContainerFacts:
     base = f"containers/{name}"
-    facts = ContainerFacts(name=name, has_log=f"{base}.log" in bundle.names())
+    facts = ContainerFacts(name=name, has_log=bundle.has(f"{base}.log"))
     if (text := bundle.files.get(f"{base}.inspect.json")) is not None:
         facts.inspect = parse_inspect(text, f"{base}.inspect.json")
         facts.inspect_lines = _key_lines(text, f"{base}.inspect.json")

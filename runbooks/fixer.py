@@ -14,9 +14,10 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from runbooks import fixlock
 from runbooks.classify import classify_path
 from runbooks.collect import collect, engine_session, missing_container
-from runbooks.errors import CudamedicError, FixError, NoSuchContainer
+from runbooks.errors import CudamedicError, FixError, FixLocked, NoSuchContainer
 from runbooks.fixes import plan_fix
 from runbooks.fixlock import docker_time
 from runbooks.journal import Journal, applied_within, audit, container_lock, now, who
@@ -102,6 +103,12 @@ def plan_for(
     """The fix plan for `container` from its diagnosis (None when there is no safe fix)."""
     container = container_name(container)
     with engine_session(target, settings) as engine:
+        if (held := fixlock.read(engine, container)) is not None:
+            raise FixLocked(
+                f"another fix of {target.name}/{container} holds its lock on the target (held "
+                f"by {held.holder.who}); nothing was done: wait for it, then respond again if "
+                "the container still fails"
+            )
         inspect = engine.inspect(container)
         image_id = engine.image_id(str((inspect.get("Config") or {}).get("Image") or ""))
         image_env = _image_env(engine, str(inspect.get("Image") or ""))
@@ -114,11 +121,17 @@ def plan_for(
             "nothing was changed — respond again if it still fails"
         )
     plan = None
-    if diagnosis.fix is not None and diagnosis.fix.safe and diagnosis.fix.change is not None:
+    fix = diagnosis.fix
+    if fix is not None and fix.container and fix.container != container.split(".", 1)[0]:
+        raise FixError(
+            f"the fix was diagnosed for {fix.container}, not {container}: nothing was planned "
+            f"for {container} (its own evidence does not show the fault)"
+        )
+    if fix is not None and fix.safe and fix.change is not None:
         plan = plan_fix(
             host=target.name,
             inspect=inspect,
-            fix=diagnosis.fix,
+            fix=fix,
             incident=diagnosis.incident,
             summary=diagnosis.summary,
             current_image_id=image_id,
@@ -151,19 +164,37 @@ def _image_env(engine: DockerEngine, image_id: str) -> list[str]:
 
 
 def refusal(
-    plan: FixPlan, tags: tuple[str, ...], policy: Policy, settings: Settings, confirmed: bool
+    plan: FixPlan,
+    tags: tuple[str, ...],
+    policy: Policy,
+    settings: Settings,
+    confirmed: bool,
+    unattended: bool = False,
 ) -> str | None:
-    """Why this fix may not run now, or None. `confirmed`: --yes or an interactive yes."""
+    """Why this fix may not run now, or None. `confirmed`: --yes or an interactive yes.
+    `unattended`: no person approved it. The fleet-wide count in Prefect (events anyone with
+    API access can emit) gates unattended fixes only, and one it cannot read whole refuses
+    them; a person's fix is counted against this machine's audit log (this fleet's entries)."""
     if not confirmed and not policy.allows_unattended(plan.incident, tags):
         return (
             "--apply needs --yes (or an interactive confirmation), or a policy that allows "
             f"unattended {plan.incident} fixes on this host's tags {list(tags)}"
         )
-    recent = applied_within(settings.state_path, timedelta(hours=1), settings.fleet)
+    from runbooks.audit import CountUnknown
+
+    ask_prefect = unattended or not confirmed
+    try:
+        recent = applied_within(
+            settings.state_path, timedelta(hours=1), settings.fleet, fleet_wide=ask_prefect
+        )
+    except CountUnknown as exc:
+        return f"the fleet's fix count is unknown ({exc}): unattended fixes are refused"
     if recent >= policy.max_fixes_per_hour:
         return (
-            f"blast-radius limit: {recent} fixes applied in the last hour (policy allows "
-            f"{policy.max_fixes_per_hour}); wait, or raise max_fixes_per_hour"
+            f"blast-radius limit: {recent} fix attempt(s) started in fleet {settings.fleet} in "
+            f"the last hour, the policy allows {policy.max_fixes_per_hour}. Every attempt counts, "
+            "a rolled-back or interrupted one too (it stopped and restarted its workload as well); "
+            "wait, or raise max_fixes_per_hour"
         )
     return None
 
@@ -207,13 +238,16 @@ def execute(
         outcome = apply_plan(engine, plan, settings, journal, redact_json(current))
         audit(
             settings.state_path,
-            "outcome",
+            "applied" if outcome.status == "fixed" else "fix-failed",
             host=target.name,
             container=plan.container,
             incident=plan.incident,
             outcome=outcome.status,
             message=outcome.message,
             checks=[c.model_dump() for c in outcome.checks],
+            approved_by=approved_by,
+            unattended=unattended,
+            fleet=settings.fleet,
         )
         if outcome.status != "fixed":
             outcome = outcome.model_copy(
@@ -326,6 +360,7 @@ def postmortem(
     approval: str | None = None,
     links: dict[str, str] | None = None,
     triggered_by: str | None = None,
+    extra_actions: Sequence[str] = (),
 ) -> PostMortem:
     """The post-mortem of one response. `outcome`: the fix's, when one was applied; otherwise
     `status`/`detail` say where it stopped (planned, rejected, approval-timed-out, ...)."""
@@ -339,9 +374,15 @@ def postmortem(
     ended = now()
     down_since, running = _workload_state(prepared.bundle, container)
     restored = _restored_at(settings, host, container, outcome, ended)
+    stopped_at, back_at = _fix_downtime(settings, host, container, outcome)
     final = outcome.status if outcome is not None else (status or "diagnosed")
     timeline.append(TimelineEvent(at=ended, event=f"outcome: {final}"))
-    actions = _action_items(prepared, settings, container, outcome, final)
+    failed = outcome is not None and outcome.status != "fixed"
+    cause = failure_cause(outcome.message) if outcome is not None and failed else None
+    actions = [
+        *_action_items(prepared, settings, host, container, outcome, final, cause),
+        *extra_actions,
+    ]
     return PostMortem(
         host=host,
         container=container,
@@ -356,7 +397,7 @@ def postmortem(
         outcome_detail=redact_text(outcome.message if outcome is not None else detail),
         approval=redact_text(approval) if approval else None,
         evidence=d.evidence,
-        secondary=d.secondary,
+        secondary=_strong_secondary(d),
         docker_run_diff=plan.diff if plan else (),
         checks=_check_results(outcome),
         timeline=tuple(sorted(timeline, key=lambda e: e.at)),
@@ -367,14 +408,43 @@ def postmortem(
         basis=d.basis,
         candidates=d.candidates,
         tells_apart=redact_text(d.tells_apart),
-        failure_cause=failure_cause(outcome.message)
-        if outcome is not None and outcome.status != "fixed"
-        else None,
+        failure_cause=cause,
         triggered_by=triggered_by or who(),
         down_since=None if running else down_since,
         running_at_collection=running,
         restored_at=restored,
+        fix_stopped_at=stopped_at,
+        fix_back_at=back_at,
     )
+
+
+def _strong_secondary(d: Diagnosis) -> tuple[str, ...]:
+    """The other classes a post-mortem's root cause names: only candidates as strong as a root
+    cause (`rules.STRONG`), never the symptoms the primary explains (a bus error read as an OOM
+    kill, /dev/shm's "No space left on device" read as a full disk)."""
+    from runbooks.rules import STRONG
+
+    if not d.matches:
+        return d.secondary
+    strong = (m.incident for m in d.matches[1:] if m.confidence >= STRONG)
+    return tuple(dict.fromkeys(i for i in strong if i != d.incident))
+
+
+def _fix_downtime(
+    settings: Settings, host: str, container: str | None, outcome: Outcome | None
+) -> tuple[datetime | None, datetime | None]:
+    """When the fix stopped a running container (its journal's `stop`), and when it ran again:
+    the replacement verified, or the original restarted by a rollback (None: not running)."""
+    if outcome is None or not container:
+        return None, None
+    at: dict[str, datetime] = {}
+    for r in Journal(settings.state_path, host, container).current():
+        with contextlib.suppress(ValueError):
+            at.setdefault(str(r.get("step")), datetime.fromisoformat(str(r.get("at"))))
+    if "stop" not in at:
+        return None, None  # it was not running: the workload's own downtime says it all
+    back = at.get("verified") if outcome.status in ("fixed", "recovered") else at.get("rolled-back")
+    return at["stop"], back
 
 
 def _restored_at(
@@ -437,12 +507,16 @@ def _journal_timeline(settings: Settings, host: str, container: str) -> list[Tim
 def _action_items(
     prepared: Prepared,
     settings: Settings,
+    host: str,
     container: str | None,
     outcome: Outcome | None,
     final: str,
+    cause: str | None = None,
 ) -> list[str]:
     """What people should do next: after a fix, watch it and fix the launch configuration at its
-    source; otherwise the diagnosis's manual steps, after why the fix did not happen."""
+    source; after a fix that failed, the manual step for what its own error points at (`cause`:
+    install the toolkit on that host) and the retry; otherwise the diagnosis's manual steps,
+    after why the fix did not happen."""
     if outcome is not None and outcome.status == "fixed":
         return [
             f"Watch {container}'s next run; the backup {outcome.backup} is kept for "
@@ -452,6 +526,18 @@ def _action_items(
         ]
     fix = prepared.diagnosis.fix
     actions = list(fix.steps) if fix is not None else []
+    if outcome is not None and cause is not None:
+        from runbooks.fixes import MANUAL
+        from runbooks.taxonomy import Incident
+
+        steps = [f"On {host}: {s}" for s in MANUAL.get(Incident(cause), ())]
+        retry = (
+            f"Then respond again: `cudamedic triage {host} --container {container} --apply`; "
+            "the same fix should now hold."
+            if container
+            else "Then respond again with `cudamedic triage`."
+        )
+        return [*steps, retry] if steps else [f"Fix what the failure points at ({cause}).", retry]
     if outcome is not None:
         actions.insert(0, f"Read the outcome: {outcome.message}")
     elif prepared.plan is not None and final != "planned":
@@ -523,7 +609,21 @@ def save_postmortem(pm: PostMortem, settings: Settings, markdown: str | None = N
     text = markdown if markdown is not None else render_markdown(pm)
     path = save_report(settings.reports_path, report_name(pm), text)
     remember(pm, path, settings)
+    if settings.reports_git:
+        _to_git(settings, path, pm)
     return path
+
+
+def _to_git(settings: Settings, path: Path, pm: PostMortem) -> None:
+    """Commit the post-mortem to the team's repository (`reports_git`); a git failure is
+    logged, never the response's (the report is already written)."""
+    from reports.gitstore import GitFailed, publish
+
+    assert settings.reports_git is not None
+    try:
+        log.info("reports_git: %s", publish(settings.reports_git, settings.state_path, path, pm))
+    except (GitFailed, OSError) as exc:
+        log.warning("post-mortem %s not committed to reports_git: %s", path.name, exc)
 
 
 def _history_text(pm: PostMortem) -> str:
@@ -561,6 +661,7 @@ def remember(pm: PostMortem, report: Path, settings: Settings) -> None:
             fix=fix,
             confirmed_by="verified fix" if pm.outcome == "fixed" else None,
             when=pm.started_at,
+            fleet=settings.fleet,
         )
     except OSError as exc:
         log.warning("could not add %s to the incident history: %s", report, exc)

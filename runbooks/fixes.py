@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import copy
 import re
+from collections.abc import Iterable
 from datetime import datetime
+from pathlib import PurePosixPath
 from typing import Any
 
 from runbooks import knowledge
@@ -21,14 +23,16 @@ from runbooks.facts import ContainerFacts, Facts
 from runbooks.model import (
     ContainerChange,
     CreateSpec,
+    Diagnosis,
     Fix,
     FixPlan,
     GpuRequestSpec,
+    Line,
     Match,
     UlimitSpec,
 )
 from runbooks.redact import redact_text
-from runbooks.taxonomy import Incident
+from runbooks.taxonomy import SAFE_FIX, Incident
 
 GiB = 1024**3
 MEMLOCK = (
@@ -106,9 +110,55 @@ MANUAL: dict[Incident, tuple[str, ...]] = {
 }
 
 
-def _target(facts: Facts) -> ContainerFacts | None:
-    with_inspect = [c for c in facts.containers.values() if c.inspect is not None]
-    return with_inspect[0] if with_inspect else None
+def own_evidence(lines: Iterable[Line]) -> tuple[str, ...]:
+    """The containers whose own files (`containers/<name>.*`: log, inspect, probes) the lines
+    cite, sorted. `containers/train-shm2.log:3` is train-shm2's own evidence; the trigger text,
+    the kernel log or another container's file are not."""
+    return tuple(
+        sorted(
+            {
+                PurePosixPath(ln.source).name.split(".", 1)[0]  # as Bundle.container_names
+                for ln in lines
+                if ln.source.startswith("containers/")
+            }
+        )
+    )
+
+
+def fault_container(d: Diagnosis) -> str | None:
+    """The one container whose own evidence shows the diagnosed fault (None: no container's,
+    or several): what a response started for the host may fix without a person."""
+    cited = own_evidence(d.evidence)
+    if d.fix is not None and d.fix.container:
+        return d.fix.container if cited == (d.fix.container,) else None
+    return cited[0] if len(cited) == 1 and cited[0] != "log" else None
+
+
+def _target(facts: Facts, cited: tuple[str, ...]) -> ContainerFacts | None:
+    """The container a fix is for: the one whose own evidence shows the fault; with no
+    container's evidence cited, the bundle's only container. Never a guess between several (a
+    fix recreates a container: the wrong one restarts a healthy workload)."""
+    with_inspect = {n: c for n, c in facts.containers.items() if c.inspect is not None}
+    if len(cited) == 1:
+        return with_inspect.get(cited[0])
+    if not cited and len(with_inspect) == 1:
+        return next(iter(with_inspect.values()))
+    return None
+
+
+def _which_container(cited: tuple[str, ...], facts: Facts) -> str:
+    """Why no single container can be fixed ("": the reason is elsewhere)."""
+    if len(cited) > 1:
+        return (
+            f"the evidence shows the fault in {len(cited)} containers ({', '.join(cited)}): "
+            "respond for each one by name (--container)"
+        )
+    if not cited and sum(c.inspect is not None for c in facts.containers.values()) > 1:
+        return (
+            "the evidence does not say which of the host's containers has the fault: "
+            "respond for one by name (--container)"
+        )
+    return ""
 
 
 def _intended_devices(c: ContainerFacts) -> tuple[str, ...]:
@@ -131,11 +181,15 @@ def propose_fix(match: Match | None, facts: Facts) -> Fix | None:
     if match is None:
         return None
     incident = Incident(match.incident)
-    c = _target(facts)
+    cited = own_evidence(match.evidence)
+    c = _target(facts, cited)
     gpus = facts.host_gpu_count
     manual = MANUAL.get(incident, ())
     if incident == Incident.GPU_HARDWARE_FAULT:
         return Fix(safe=False, steps=_hardware_steps(facts))
+    if c is None and incident in SAFE_FIX and (which := _which_container(cited, facts)):
+        steps = (which[0].upper() + which[1:] + ".", *_flag_hint(incident), *manual)
+        return Fix(safe=False, steps=steps)
     if c is None or c.inspect is None:
         return _fix_without_inspect(incident, manual)
     info = c.inspect

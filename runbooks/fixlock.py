@@ -25,7 +25,7 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any, Literal
 
-from runbooks.errors import ContainerNotFound, EngineError, FixError
+from runbooks.errors import ContainerNotFound, EngineError, FixError, FixLocked
 from runbooks.journal import who
 from runbooks.model import Frozen
 from runbooks.names import FIX_LOCK_SUFFIX
@@ -111,6 +111,24 @@ def record_from_labels(labels: dict[str, Any] | None) -> FixRecord | None:
         )
     except (KeyError, ValueError, RecursionError):
         return None
+
+
+def foreign(record: FixRecord, name: str) -> str | None:
+    """Why a record read from the target is not a record of a fix of container `name` (labels
+    are whatever anyone put there: a crafted `web-cudamedic-fix-lock` naming `db` made the
+    recovery of `web` remove `db`), or None when it is."""
+    stamp = r"-\d{8}T\d{6}Z"
+    if record.name != name:
+        return f"it names container {record.name[:80]!r}, not {name!r}"
+    if not re.fullmatch(re.escape(name) + "-cudamedic-backup" + stamp, record.backup):
+        return f"its backup {record.backup[:120]!r} is not a backup name of {name!r}"
+    if record.replaced is not None and not re.fullmatch(
+        re.escape(name) + "-cudamedic-replaced" + stamp, record.replaced
+    ):
+        return f"its replacement name {record.replaced[:120]!r} is not one of {name!r}"
+    if not re.fullmatch(r"[0-9a-f]{12,64}", record.original_id):
+        return "its original container id is not a container id"
+    return None
 
 
 def parse_lock(inspect: dict[str, Any]) -> Lock | None:
@@ -233,6 +251,11 @@ def read(engine: DockerEngine, name: str) -> Lock | None:
             f"{engine.where}: {lock_name(name)} exists but is not a lock cudamedic can read; "
             "check it and remove it by hand before fixing that container"
         )
+    if (why := foreign(lock.record, name)) is not None:
+        raise FixError(
+            f"{engine.where}: {lock_name(name)} is not a lock of a fix of {name}: {why}; "
+            "nothing was changed — check it and remove it by hand"
+        )
     return lock
 
 
@@ -250,7 +273,7 @@ def acquire(engine: DockerEngine, record: FixRecord, image: str, lease_s: float)
         engine.create(name, body, host, None)
     except EngineError as exc:
         if "Conflict" in str(exc) or "already in use" in str(exc):
-            raise FixError(
+            raise FixLocked(
                 f"another fix of {engine.where}/{record.name} is running (lock {name} on the "
                 "target); try again later"
             ) from None
@@ -265,7 +288,7 @@ def take_over(engine: DockerEngine, lock: Lock, lease_s: float) -> Lock:
     """Make a dead holder's lock ours (FixError while its holder may still be working)."""
     live = why_live(lock, engine_now(engine), me(lease_s), _alive_here(lock.holder))
     if live is not None:
-        raise FixError(
+        raise FixLocked(
             f"another fix of {engine.where}/{lock.record.name} is running (lock "
             f"{lock_name(lock.record.name)} held by {lock.holder.who}: {live}); try again later"
         )

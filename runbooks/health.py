@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Callable, Iterable, Mapping
-from typing import Literal
+from typing import Literal, cast
 
 from runbooks import knowledge
 from runbooks.evidence.nvidia_smi import XmlGpu
@@ -56,6 +56,9 @@ class HealthFinding(Frozen):
     message: str
     evidence: tuple[Line, ...] = ()
     incident: str = Incident.UNKNOWN  # the taxonomy class this is evidence of (see incident_of)
+    # Why this finding was not checked this sweep (its source did not answer, or its check is off
+    # in the runbook): it is the last sweep's, kept as it was. None: seen by this sweep.
+    not_checked: str | None = None
 
     @property
     def key(self) -> str:
@@ -74,6 +77,8 @@ class HostHealth(Frozen):
     error: str | None = None  # the host could not be checked (unreachable, timed out)
     # what a later sweep compares against: "cuda-cache@CONTAINER" -> KiB
     measures: dict[str, int] = {}
+    # finding codes (or prefixes, "" for all) this sweep could not judge -> why (`unchecked`)
+    unchecked: dict[str, str] = {}
 
 
 def verdict_of(findings: Iterable[HealthFinding]) -> Verdict:
@@ -111,6 +116,7 @@ def check_host(
             gpus_expected=expected_gpus,
             bundle=bundle,
             error=facts.ssh_error,
+            unchecked={"": "the host was not reached"},
         )
     found: list[HealthFinding] = []
     found += _driver(facts, status)
@@ -123,6 +129,7 @@ def check_host(
     found += _containers(facts, thresholds)
     found += _disks(facts, thresholds)
     found += _nccl(facts)
+    found += dcgm_findings(facts)
     unique = {f.key: f.model_copy(update={"incident": incident_of(f.code)}) for f in found}
     ordered = sorted(unique.values(), key=lambda f: (-_RANK[f.level], f.code, f.subject))
     return HostHealth(
@@ -135,7 +142,49 @@ def check_host(
         toolkit=facts.toolkit.splitlines()[0][:120] if facts.toolkit else None,
         bundle=bundle,
         measures=_measures(facts),
+        unchecked=unchecked(facts, status),
     )
+
+
+# Finding codes (a code, or the prefix of a family) and the bundle source each is judged from.
+# When that source gave no whole answer this sweep, the absence of the finding proves nothing.
+_JUDGED_FROM: tuple[tuple[str, str], ...] = (
+    ("nccl-bandwidth-low", "nccl-tests"),
+    ("xid-", "kernel-log"),
+    ("ecc-", "nvidia-smi-xml"),
+    ("gpu-reset-required", "nvidia-smi-xml"),
+    ("gpu-throttled", "nvidia-smi-xml"),
+    ("gpu-hot", "nvidia-smi-xml"),
+    ("gpu-straggler", "nvidia-smi-xml"),
+    ("disk-full", "df"),
+)
+
+
+def unchecked(facts: Facts, status: Mapping[str, str]) -> dict[str, str]:
+    """The finding codes this host's evidence could not judge -> why: each code's source
+    (`_JUDGED_FROM`) did not run (off in the runbook, skipped), failed or timed out. A source the
+    bundle does not list counts as answered when its output was read."""
+    read = {
+        "nccl-tests": facts.nccl is not None,
+        "kernel-log": facts.kernel is not None,
+        "nvidia-smi-xml": facts.smi_xml is not None,
+        "df": bool(facts.df),
+    }
+    out = {}
+    for code, source in _JUDGED_FROM:
+        state = status.get(source)
+        if state == "ok" or (state is None and read[source]):
+            continue
+        out[code] = f"{source} did not run" if state in (None, "skipped") else f"{source} {state}"
+    return out
+
+
+def _not_judged(code: str, unjudged: Mapping[str, str]) -> str | None:
+    """Why `code` was not judged this sweep (None: it was)."""
+    for prefix, why in unjudged.items():
+        if code == prefix or code.startswith(prefix):
+            return why
+    return None
 
 
 def _measures(facts: Facts) -> dict[str, int]:
@@ -150,8 +199,28 @@ def with_history(
     h: HostHealth, before: Mapping[str, Mapping[str, str]], t: Thresholds
 ) -> HostHealth:
     """The judgments that need the previous sweep of this host (`before`, as `snapshot` stored
-    it): a container's CUDA JIT cache that keeps growing."""
+    it): a container's CUDA JIT cache that keeps growing; and the last sweep's findings that this
+    one could not check (`unchecked`), kept as they were and marked `not_checked` — never
+    reported resolved by a check that did not run."""
     extra = []
+    seen = {f.key for f in h.findings}
+    for key, entry in sorted(before.items()):
+        if key.startswith(MEASURE) or key in seen:
+            continue
+        why = _not_judged(entry.get("code", ""), h.unchecked)
+        level = entry.get("level")
+        if why is None or level not in ("warning", "drain"):
+            continue
+        extra.append(
+            HealthFinding(
+                code=entry.get("code", key),
+                level=cast(Level, level),
+                subject=entry.get("subject", ""),
+                message=entry.get("message", ""),
+                incident=incident_of(entry.get("code", "")),
+                not_checked=why,
+            )
+        )
     for key, kib in sorted(h.measures.items()):
         name = key.removeprefix("cuda-cache@")
         old = before.get(MEASURE + key, {}).get("value", "")
@@ -566,6 +635,42 @@ def _nccl(facts: Facts) -> list[HealthFinding]:
     ]
 
 
+def dcgm_findings(facts: Facts) -> list[HealthFinding]:
+    """What NVIDIA DCGM itself reported, in its own words: a health incident (`dcgmi health -c`:
+    Failure drains, Warning warns) and a failed diagnostic test (`dcgmi diag`: a hardware,
+    integration or stress test, or the GPU's retired-page/InfoROM records, drains; a failed
+    deployment test is the host's setup, a warning). A host without DCGM gives none."""
+    dcgm = facts.dcgm
+    if dcgm is None:
+        return []
+    out = []
+    for i in dcgm.health.incidents if dcgm.health is not None else ():
+        system = i.system.lower().removesuffix(" system").replace(" ", "-")
+        out.append(
+            HealthFinding(
+                code=f"dcgm-health-{system}"[:60],
+                level="drain" if i.status == "Failure" else "warning",
+                subject=f"gpu{i.gpu}",
+                message=f"DCGM health, {i.system} of GPU {i.gpu}: {i.status}"
+                + (f": {i.message[:400]}" if i.message else ""),
+                evidence=(i.line,),
+            )
+        )
+    for t in dcgm.diag.failed if dcgm.diag is not None else ():
+        gpus = ", ".join(t.failed_gpus) or "?"
+        out.append(
+            HealthFinding(
+                code="dcgm-diag-fail" if t.hardware else "dcgm-diag-setup",
+                level="drain" if t.hardware else "warning",
+                subject=t.name,
+                message=f"DCGM diagnostic {t.section} / {t.name}: Fail (GPU {gpus})"
+                + (f": {t.message[:400]}" if t.message else ""),
+                evidence=tuple(ln for ln in (t.line, t.message_line) if ln is not None),
+            )
+        )
+    return out
+
+
 # The taxonomy class each finding code is evidence of: one table, the ids a diagnosis uses.
 _INCIDENT_OF: dict[str, Incident] = {
     "nvidia-smi-hung": Incident.GPU_HARDWARE_FAULT,
@@ -598,13 +703,16 @@ _INCIDENT_OF: dict[str, Incident] = {
     "container-cuda-cache-growing": Incident.UNKNOWN,
     "disk-full": Incident.DISK_FULL,
     "nccl-bandwidth-low": Incident.NCCL_SLOW_TRANSPORT,
+    "dcgm-diag-fail": Incident.GPU_HARDWARE_FAULT,
+    # a failed deployment test (persistence mode, a library, an environment variable): setup
+    "dcgm-diag-setup": Incident.UNKNOWN,
 }
 
 
 def incident_of(code: str) -> Incident:
     """The taxonomy class a finding code is evidence of (unknown: host-unreachable,
     check-failed, nvidia-smi-error/-unrecognized say nothing about a class)."""
-    if code.startswith("ecc-"):
+    if code.startswith(("ecc-", "dcgm-health-")):
         return Incident.GPU_HARDWARE_FAULT
     if code.startswith("xid-") and code[4:].isdigit():
         info = knowledge.xid_info(int(code[4:]))

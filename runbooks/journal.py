@@ -23,7 +23,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from runbooks.errors import FixError
+from runbooks.errors import FixLocked
 
 TERMINAL = frozenset({"done", "rolled-back", "manual-rollback-done"})
 
@@ -104,7 +104,7 @@ def container_lock(state_dir: Path, host: str, container: str) -> Iterator[None]
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            raise FixError(
+            raise FixLocked(
                 f"another fix of {host}/{container} is running (lock {path}); try again later"
             ) from None
         os.ftruncate(fd, 0)
@@ -138,24 +138,29 @@ def audit_records(state_dir: Path) -> list[dict[str, Any]]:
     return _read(state_dir / "audit.jsonl")
 
 
-def applied_within(state_dir: Path, window: timedelta, fleet: str | None = None) -> int:
-    """How many fixes were applied within the window: fleet-wide from the Prefect server's audit
-    events when `fleet` is given and the server answers, never fewer than this machine's own
-    audit log counts (the cap must not loosen when Prefect cannot be asked)."""
+def applied_within(
+    state_dir: Path, window: timedelta, fleet: str | None = None, *, fleet_wide: bool = True
+) -> int:
+    """How many fixes were applied within the window: `fleet`'s only when it is given (another
+    fleet this machine served does not count); with `fleet_wide`, from the Prefect server's audit
+    events too when it answers, never fewer than this machine's own audit log counts for that
+    fleet (the cap must not loosen when Prefect cannot be asked)."""
     cutoff = now() - window
     local = 0
     for r in audit_records(state_dir):
         if r.get("action") != "apply":
             continue
+        if fleet is not None and r.get("fleet", "default") != fleet:
+            continue  # another fleet's fix (this machine may have served several)
         try:
             at = datetime.fromisoformat(str(r.get("at")))
         except ValueError:
             continue
         if at >= cutoff:
             local += 1
-    if fleet is None:
+    if fleet is None or not fleet_wide:
         return local
     from runbooks.audit import applied_in_fleet
 
-    fleet_wide = applied_in_fleet(fleet, cutoff)
-    return max(local, fleet_wide or 0)
+    in_prefect = applied_in_fleet(fleet, cutoff)
+    return max(local, in_prefect or 0)

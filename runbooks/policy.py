@@ -4,7 +4,7 @@ fixes per hour the whole fleet may take (blast radius). YAML, validated by pydan
     unattended:                 # incident id -> host tags ("*" = any host)
       shm-too-small: [lab, dev]
       memlock-limit: ["*"]
-    max_fixes_per_hour: 5       # across the fleet; further fixes are refused
+    max_fixes_per_hour: 5       # fix attempts across the fleet (rolled-back ones count too)
 
 Pure decisions (`allows_unattended`); `load_policy` reads the file.
 """

@@ -24,6 +24,7 @@ STEPS: dict[str, str] = {
     "recover": "finishing an interrupted fix",
     "collect": "collecting evidence",
     "classify": "diagnosing",
+    "dcgm": "running NVIDIA DCGM's diagnostic",
     "plan": "planning the fix",
     "approval": "waiting for approval",
     "apply": "applying the fix (recreate the container, then verify it)",
@@ -35,11 +36,21 @@ STEPS: dict[str, str] = {
 _log = logging.getLogger(LOGGER)
 _log.propagate = False  # never the root logger's terminal handler (-v): only an attached view
 _log.setLevel(logging.INFO)
+_open: list[str] = []  # the steps of this process begun and not ended, oldest first
+
+
+def running() -> str | None:
+    """The step of this process that runs now (None: none), e.g. `apply` while a fix runs."""
+    return _open[-1] if _open else None
 
 
 def _say(kind: str, step: str, detail: str = "", **extra: Any) -> None:
     if step not in STEPS:
         raise ValueError(f"unknown progress step {step!r}")
+    if kind == "begin" and step not in _open:
+        _open.append(step)
+    elif kind == "end" and step in _open:
+        _open.remove(step)
     _log.info(
         "%s %s%s",
         kind,

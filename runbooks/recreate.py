@@ -23,7 +23,7 @@ from typing import Any, Literal
 
 from runbooks import fixlock
 from runbooks.errors import CudamedicError, FixError, RollbackFailed, VerifyFailed
-from runbooks.fixlock import FixRecord, Lock, record_from_labels
+from runbooks.fixlock import FixRecord, Lock, foreign, record_from_labels
 from runbooks.journal import Journal
 from runbooks.logscan import scan_text, signatures
 from runbooks.model import ContainerChange, FixPlan, Frozen
@@ -585,7 +585,7 @@ def manual_rollback(engine: DockerEngine, journal: Journal, now: datetime) -> Ou
     name = journal.container
     holder = engine.find(name)
     rec = record_from_labels(((holder or {}).get("Config") or {}).get("Labels"))
-    if holder is None or rec is None or rec.name != name:
+    if holder is None or rec is None or foreign(rec, name) is not None:
         return Outcome(
             status="nothing-to-do",
             message=f"{name} was not made by a cudamedic fix (no fix labels); nothing to roll back",

@@ -18,7 +18,10 @@ What is replaced by ``[REDACTED]``:
   off), and the body above an END line whose BEGIN is missing;
 - well-known token formats anywhere (AWS/GCP/Azure keys, Hugging Face, GitHub, GitLab, Slack,
   OpenAI, Anthropic, NGC, Docker Hub, npm, PyPI, Stripe, Vault, JWTs, PEM/PGP private keys,
-  Bearer/Basic credentials).
+  Bearer/Basic credentials), and every format of runbooks/knowledge/secret_formats.yaml (gitleaks'
+  rules with a literal prefix: ~100 vendors' tokens and webhook URLs);
+- a token as a URL's user (`https://TOKEN@github.com/...`), `echo TOKEN | ... --password-stdin`,
+  a bare 40-character AWS secret key (mixed case and digits).
 Argument lists (docker inspect ``Cmd``, ``Entrypoint``, ``Args``) are judged as the command line
 they form, so ``["--token", "x"]`` is redacted too. Pure: no I/O. It errs toward
 over-redaction; it never removes lines (line numbers stay valid).
@@ -30,7 +33,10 @@ import bisect
 import re
 import shlex
 from collections.abc import Callable
+from importlib import resources
 from typing import Any
+
+import yaml
 
 MASK = "[REDACTED]"
 
@@ -39,7 +45,7 @@ MASK = "[REDACTED]"
 _CREDENTIAL_WORDS = (
     r"pass(?:wd|word|phrase)?|secrets?|token|api[_-]?keys?|access[_-]?keys?|private[_-]?keys?|"
     r"secret[_-]?keys?|auth(?:orization)?|credentials?|creds?|session[_-]?id|cookie|signature|"
-    r"(?<![a-z])keys?(?![a-z])|dsn|conn(?:ection)?[_-]?string|webhook"
+    r"(?<![a-z])keys?(?![a-z])|dsn|conn(?:ection)?[_-]?string|webhook|(?<![a-z])pat(?![a-z])"
 )
 # Abbreviations that are credential names only as a part after a prefix: MYSQL_PWD, REDIS_PW
 # (a bare PWD is the working directory).
@@ -48,6 +54,7 @@ _SHORT_WORDS = r"(?<=[_.\-])pwd|(?<=[_.\-])pw(?![a-z])"
 # inside a longer word (tokenizer, max_num_batched_tokens, authorized_keys).
 _NAME_IS_SECRET = re.compile(
     rf"(?i)(?:^|[_.\-])(?:{_CREDENTIAL_WORDS}|pwd|pw)(?:$|[_.\-\d])|(?i:{_CREDENTIAL_WORDS})\d*$"
+    r"|(?i:(?:^|[_.\-])wandb$)"  # WANDB: the W&B key itself (WANDB_PROJECT is not)
 )
 _NOT_SECRET_NAMES = frozenset({"pwd", "oldpwd"})
 # Names with a credential word that are ML evidence, not credentials (vLLM/HF configs, metrics):
@@ -90,18 +97,28 @@ _URL_CRED = re.compile(
     r"(?P<pre>\b[a-zA-Z][a-zA-Z0-9+.\-]{0,31}://[^\s:/@\"']{0,256}:)(?P<pw>[^\s\"'<>]{1,256})"
     r"(?P<at>@)"
 )
+# A token as a URL's user (`https://TOKEN@github.com/org/repo`, `postgres://TOKEN@db`): a user of
+# 16+ characters with letters and digits is masked (a person's user name is kept).
+_URL_USER = re.compile(
+    r"(?P<pre>\b[a-zA-Z][a-zA-Z0-9+.\-]{0,31}://)(?P<user>[\w.~%\-]{16,256}+)(?=@)"
+)
+# A bare AWS secret access key: 40 characters of base64 with upper and lower case and digits,
+# standing alone (a git or docker hash is lower-case hex).
+_BARE_AWS_SECRET = re.compile(r"(?<![A-Za-z0-9/+=])[A-Za-z0-9/+]{40}(?![A-Za-z0-9/+=])")
 # --password V, --requirepass V, --masterauth=V, --passphrase 'a b', --pw V, -pw V: a flag whose
 # name ends in a credential word. The value may start with `-` (not `--`: that is the next flag);
 # unquoted, it runs to the next flag or the end of the line (`--passphrase a b c -d x`: a command
 # line printed with its arguments joined by spaces does not say where a value ends).
 _FLAG_WORDS = (
     r"pass(?:wd|word|phrase)?|pwd|pw|secrets?|token|api[-_]?keys?|access[-_]?keys?|"
-    r"secret[-_]?keys?|keys?|auth|credentials?|creds?|dsn"
+    r"secret[-_]?keys?|keys?|auth|credentials?|creds?|dsn|pat|api"
 )
 _CLI_FLAG = re.compile(
     rf"(?i)(?<![\w\-])(?P<flag>--?[a-z0-9_\-]{{0,64}}?(?:{_FLAG_WORDS}))(?P<sep>=|[ \t]+)"
     rf"(?P<value>\"[^\"\n]{{0,{_VALUE_MAX}}}\"?|'[^'\n]{{0,{_VALUE_MAX}}}'?"
-    rf"|(?!--[a-z])[^\s\"'](?:[^\n\"']{{0,{_VALUE_MAX}}}?(?=[ \t]+-|[ \t]*(?:$|[\r\n\"'])))?)"
+    # words up to one that starts with `-` (a lazy scan with a look-ahead was quadratic)
+    rf"|(?!--[a-z])[^\s\"'][^\s\"']{{0,{_VALUE_MAX}}}+"
+    rf"(?:[ \t]++(?!-)[^\s\"']{{1,{_VALUE_MAX}}}+){{0,64}}+)"
 )
 # Positional secrets of a few commands: `sshpass -p pw`, `docker login -u me -p pw`,
 # `mysql -ppw`, `curl -u user:pw`, `wandb login <key>`, a .netrc `password <key>`,
@@ -114,18 +131,22 @@ _CLI_CONTEXT = re.compile(
     r"|\bwandb[ \t]+login[ \t]+(?:--?[a-z\-]+[ \t]+)*['\"]?(?=[A-Za-z0-9_\-]{32})"
     r"|\bredis-cli\b[^\n;&|]{0,256}?[ \t]-a[ \t]+['\"]?"
     r"|\bldap[a-z]*\b[^\n;&|]{0,256}?[ \t]-w[ \t]+['\"]?"
-    r"|\b(?:set|config)(?:[ \t]+--?[a-z][\w\-]{0,32})*[ \t]+['\"]?"
+    r"|\b(?:set|config)(?:[ \t]++--?[a-z][\w\-]{0,32}+){0,8}+[ \t]+['\"]?"
     rf"[\w.\-/:]{{0,64}}?(?:{_CREDENTIAL_WORDS}|{_SHORT_WORDS})[\w.\-]{{0,64}}['\"]?[ \t]+['\"]?"
-    r"|\bmachine\s+\S+\s+(?:login\s+\S+\s+)?password\s+)"
+    r"|\bmachine\s+\S+\s+(?:login\s+\S+\s+)?password\s+"
+    # `echo TOKEN | docker login --password-stdin` (and any --password-stdin)
+    r"|\becho[ \t]+(?:-[neE]{1,3}[ \t]+)?['\"]?(?=[^\n|]{0,1024}\|[^\n|]{0,256}--password-stdin))"
     r"|(?<![\w\-])-P[ \t]+['\"]?(?![0-9]+(?:\s|$)))"
     rf"(?P<value>(?!-)[^\s'\"]{{1,{_VALUE_MAX}}})"
 )
-_BEARER = re.compile(r"(?i)\b(?P<kind>bearer|basic|token)\s+(?P<value>[A-Za-z0-9._~+/=\-]{12,})")
+_BEARER = re.compile(r"(?i)\b(?P<kind>bearer|basic|token)\s++(?P<value>[A-Za-z0-9._~+/=\-]{12,})")
 _PEM = re.compile(
     r"-----BEGIN (?P<kind>[A-Z ]*PRIVATE KEY(?: BLOCK)?)-----.*?(?:-----END (?P=kind)-----|\Z)",
     re.DOTALL,
 )
-# Every branch starts with \b and a literal (the anchor the search skips to, see `_Anchored`).
+# Every branch starts with a literal (the anchor the search skips to, see `_Anchored`) that no
+# token character precedes: in a run like `-xoxb-xoxb...` or `-eyJ-eyJ...` only the first anchor
+# starts a match, so the run is scanned once, not once per anchor (issue 27: quadratic).
 _TOKEN_FORMATS = [
     ("AKIA", r"[0-9A-Z]{16}(?![A-Za-z0-9_\-])"),  # AWS access key id
     ("ASIA", r"[0-9A-Z]{16}(?![A-Za-z0-9_\-])"),  # AWS temporary key id
@@ -134,28 +155,48 @@ _TOKEN_FORMATS = [
     ("AIza", r"[0-9A-Za-z_\-]{35}(?![A-Za-z0-9_\-])"),  # Google API key
     ("ya29.", r"[0-9A-Za-z_\-]{20,}"),  # Google OAuth token
     ("AccountKey=", r"[A-Za-z0-9+/=]{40,}"),  # Azure storage
-    ("hf_", r"[A-Za-z0-9]{30,}(?![A-Za-z0-9_\-])"),  # Hugging Face
-    ("api_org_", r"[A-Za-z0-9]{30,}(?![A-Za-z0-9_\-])"),  # Hugging Face org
-    ("gh", r"[pousr]_[A-Za-z0-9]{36,}(?![A-Za-z0-9_\-])"),  # GitHub
-    ("github_pat_", r"[A-Za-z0-9_]{40,}(?![A-Za-z0-9_\-])"),
-    ("glpat-", r"[A-Za-z0-9_\-]{20,}(?![A-Za-z0-9_\-])"),  # GitLab
-    ("xox", r"[abposre]-[A-Za-z0-9\-]{10,}(?![A-Za-z0-9_\-])"),  # Slack tokens
-    ("xapp-", r"[0-9]-[A-Za-z0-9\-]{10,}(?![A-Za-z0-9_\-])"),  # Slack app-level token
+    ("hf_", r"[A-Za-z0-9]{30,}+(?![A-Za-z0-9_\-])"),  # Hugging Face
+    ("api_org_", r"[A-Za-z0-9]{30,}+(?![A-Za-z0-9_\-])"),  # Hugging Face org
+    ("gh", r"[pousr]_[A-Za-z0-9]{36,}+(?![A-Za-z0-9_\-])"),  # GitHub
+    ("github_pat_", r"[A-Za-z0-9_]{40,}+(?![A-Za-z0-9_\-])"),
+    ("glpat-", r"[A-Za-z0-9_\-]{20,}+(?![A-Za-z0-9_\-])"),  # GitLab
+    ("xox", r"[abposre]-[A-Za-z0-9\-]{10,}+(?![A-Za-z0-9_\-])"),  # Slack tokens
+    ("xapp-", r"[0-9]-[A-Za-z0-9\-]{10,}+(?![A-Za-z0-9_\-])"),  # Slack app-level token
     ("https://hooks.slack.com/services/", r"[A-Za-z0-9/]+"),
-    ("sk-", r"(?:ant-|proj-)?[A-Za-z0-9_\-]{20,}(?![A-Za-z0-9_\-])"),  # OpenAI / Anthropic
-    ("nvapi-", r"[A-Za-z0-9_\-]{40,}(?![A-Za-z0-9_\-])"),  # NVIDIA NGC
-    ("r8_", r"[A-Za-z0-9]{30,}(?![A-Za-z0-9_\-])"),  # Replicate
+    ("sk-", r"(?:ant-|proj-)?[A-Za-z0-9_\-]{20,}+(?![A-Za-z0-9_\-])"),  # OpenAI / Anthropic
+    ("nvapi-", r"[A-Za-z0-9_\-]{40,}+(?![A-Za-z0-9_\-])"),  # NVIDIA NGC
+    ("r8_", r"[A-Za-z0-9]{30,}+(?![A-Za-z0-9_\-])"),  # Replicate
     ("npm_", r"[A-Za-z0-9]{36}(?![A-Za-z0-9_\-])"),
-    ("pypi-", r"[A-Za-z0-9_\-]{50,}(?![A-Za-z0-9_\-])"),
+    ("pypi-", r"[A-Za-z0-9_\-]{50,}+(?![A-Za-z0-9_\-])"),
     ("dckr_pat_", r"[A-Za-z0-9_\-]{20,}"),  # Docker Hub
     ("dop_v1_", r"[a-f0-9]{64}(?![A-Za-z0-9_\-])"),  # DigitalOcean
     ("hv", r"[sbr]\.[A-Za-z0-9_\-]{24,}"),  # HashiCorp Vault
     ("SG.", r"[A-Za-z0-9_\-]{22}\.[A-Za-z0-9_\-]{43}(?![A-Za-z0-9_\-])"),  # SendGrid
-    ("sk_", r"(?:live|test)_[0-9a-zA-Z]{24,}(?![A-Za-z0-9_\-])"),  # Stripe
-    ("rk_", r"(?:live|test)_[0-9a-zA-Z]{24,}(?![A-Za-z0-9_\-])"),  # Stripe restricted key
-    ("eyJ", r"[A-Za-z0-9_\-]{8,}\.eyJ[A-Za-z0-9_\-]{8,}\.[A-Za-z0-9_\-]{8,}"),  # JWT
+    ("sk_", r"(?:live|test)_[0-9a-zA-Z]{24,}+(?![A-Za-z0-9_\-])"),  # Stripe
+    ("rk_", r"(?:live|test)_[0-9a-zA-Z]{24,}+(?![A-Za-z0-9_\-])"),  # Stripe restricted key
+    ("eyJ", r"[A-Za-z0-9_\-]{8,}+\.eyJ[A-Za-z0-9_\-]{8,}+\.[A-Za-z0-9_\-]{8,}"),  # JWT
 ]
-_TOKENS = re.compile("|".join(rf"\b{re.escape(head)}{tail}" for head, tail in _TOKEN_FORMATS))
+_TOKENS = re.compile(
+    "|".join(rf"(?<![\w\-]){re.escape(head)}{tail}" for head, tail in _TOKEN_FORMATS)
+)
+
+
+def _catalogue() -> list[tuple[str, str]]:
+    """(prefix, pattern) of every format of runbooks/knowledge/secret_formats.yaml (gitleaks'
+    rules with a literal prefix, and the few it lacks)."""
+    text = resources.files("runbooks.knowledge").joinpath("secret_formats.yaml").read_text("utf-8")
+    return [(str(f["prefix"]), str(f["pattern"])) for f in yaml.safe_load(text)["formats"]]
+
+
+_CATALOGUE_FORMATS = _catalogue()
+# As the token formats: a match starts where no token character precedes its prefix; the first
+# characters of the prefixes are checked first (one class, not a hundred branches per position).
+_FIRST = "".join(sorted({c for p, _ in _CATALOGUE_FORMATS for c in (p[0].lower(), p[0].upper())}))
+_CATALOGUE = re.compile(
+    rf"(?=[{re.escape(_FIRST)}])(?<![\w\-])(?:"
+    + "|".join(f"(?:{p})" for _, p in _CATALOGUE_FORMATS)
+    + ")"
+)
 # Formats known by what surrounds them (kept as they are).
 _TOKENS_IN_CONTEXT = re.compile(
     "|".join(
@@ -232,18 +273,20 @@ def _words(*words: str) -> list[tuple[str, int]]:
 # against its plain search on every fixture).
 _CREDENTIAL_STEMS = _words(
     "pass", "secret", "token", "api", "access", "private", "auth", "cred", "session", "cookie",
-    "signature", "key", "dsn", "conn", "webhook", "pw",
+    "signature", "key", "dsn", "conn", "webhook", "pw", "pat",
 )  # fmt: skip
 _FAST_ASSIGN = _Anchored(_ASSIGN, _CREDENTIAL_STEMS)
 _FAST_TOKENS = _Anchored(_TOKENS, _words(*(head for head, _ in _TOKEN_FORMATS)))
+_FAST_CATALOGUE = _Anchored(_CATALOGUE, _words(*(prefix for prefix, _ in _CATALOGUE_FORMATS)))
 _FAST_TOKENS_IN_CONTEXT = _Anchored(_TOKENS_IN_CONTEXT, [("sig=", 4), ("://", 3), ("q~", -4)])
 _FAST_URL_CRED = _Anchored(_URL_CRED, needs=("://",))
+_FAST_URL_USER = _Anchored(_URL_USER, needs=("://",))
 _FAST_BEARER = _Anchored(_BEARER, _words("bearer", "basic", "token"))
 _FAST_CLI_FLAG = _Anchored(_CLI_FLAG, _words("-"))
 _FAST_CLI_CONTEXT = _Anchored(
     _CLI_CONTEXT,
     _words("sshpass", "mysql", "login", "curl", "wandb", "redis-cli", "ldap", "set", "config",
-           "machine", "-p"),
+           "machine", "-p", "echo"),
 )  # fmt: skip
 
 
@@ -259,7 +302,10 @@ def redact_text(text: str) -> str:
     text = _PEM.sub(lambda m: f"-----BEGIN {m.group('kind')}-----{MASK}", text)
     text = _redact_key_lines(text)
     text = _FAST_URL_CRED.sub(lambda m: f"{m.group('pre')}{MASK}{m.group('at')}", text)
+    text = _FAST_URL_USER.sub(lambda m: m["pre"] + (MASK if _mixed(m["user"]) else m["user"]), text)
+    text = _BARE_AWS_SECRET.sub(lambda m: MASK if _mixed(m[0], upper=True) else m[0], text)
     text = _FAST_TOKENS.sub(MASK, text)
+    text = _FAST_CATALOGUE.sub(MASK, text)
     text = _FAST_TOKENS_IN_CONTEXT.sub(MASK, text)
     text = _FAST_BEARER.sub(lambda m: f"{m.group('kind')} {MASK}", text)
     text = _redact_assignments(text)
@@ -268,6 +314,14 @@ def redact_text(text: str) -> str:
     )
     text = _FAST_CLI_CONTEXT.sub(lambda m: f"{m.group('pre')}{MASK}", text)
     return text
+
+
+def _mixed(word: str, upper: bool = False) -> bool:
+    """Letters and digits (and both cases when `upper`): a token, not a name or a hash."""
+    digits, lower, capital = (
+        any(f(c) for c in word) for f in (str.isdigit, str.islower, str.isupper)
+    )
+    return digits and (lower or capital) and (not upper or (lower and capital))
 
 
 def _mask(value: str) -> str:
@@ -315,7 +369,7 @@ def _starts_line(text: str, at: int) -> bool:
 # secret on its own line), with upper and lower case and digits: a hash in hex is not one.
 _KEY_LINE = re.compile(r"(?m)^([ \t]*)([A-Za-z0-9+/]{40,4096}={0,2})([ \t]*\r?)$")
 _PEM_END = re.compile(r"-----END [A-Z ]*PRIVATE KEY(?: BLOCK)?-----")
-_BASE64_LINE = re.compile(r"[ \t]*[A-Za-z0-9+/=]{4,4096}[ \t]*\r?")
+_BASE64_LINE = re.compile(r"(?<![ \t])[ \t]*+[A-Za-z0-9+/=]{4,4096}+[ \t]*+\r?")
 
 
 def _redact_key_lines(text: str) -> str:

@@ -194,6 +194,7 @@ def gpu_hardware_fault(facts: Facts) -> Match | None:
         _kernel_one_gpu_failing(facts, facts.kernel, proof)
     _quoted_fault_xids(facts, proof)
     _smi_faults(facts, proof)
+    _dcgm_faults(facts, proof)
     if not proof.lines:
         return _hardware_signature_only(facts, match)
     return _boost(
@@ -293,6 +294,25 @@ def _smi_faults(facts: Facts, proof: _Proof) -> None:
             proof.add([Line(source="nvidia-smi.xml", line=0, text=text)], 0.9, text)
 
 
+def _dcgm_faults(facts: Facts, proof: _Proof) -> None:
+    """NVIDIA DCGM's own verdicts, cited in its words: a failed hardware, integration or stress
+    diagnostic test (or the GPU's retired-page/InfoROM records), and a health incident of
+    Failure. Warnings (a power or thermal clock event) and failed setup tests prove no fault."""
+    dcgm = facts.dcgm
+    if dcgm is None:
+        return
+    for t in dcgm.diag.failed if dcgm.diag is not None else ():
+        if t.hardware:
+            lines = [ln for ln in (t.line, t.message_line) if ln is not None]
+            gpus = ", ".join(t.failed_gpus) or "?"
+            said = f": {t.message[:240]}" if t.message else ""
+            proof.add(lines, 0.9, f"DCGM diagnostic {t.name} failed on GPU {gpus}{said}")
+    for i in dcgm.health.incidents if dcgm.health is not None else ():
+        if i.status == "Failure":
+            said = f": {i.message[:240]}" if i.message else ""
+            proof.add([i.line], 0.85, f"DCGM health: {i.system} of GPU {i.gpu} Failure{said}")
+
+
 def _hardware_signature_only(facts: Facts, match: Match | None) -> Match | None:
     """The signature match without further proof: 'busy or unavailable' alone on a GPU in an
     exclusive compute mode is a setting (confidence 0.4); kernel lines of old Xids are context,
@@ -329,7 +349,7 @@ def exclusive_mode_gpus(facts: Facts) -> list[Line]:
     ]
 
 
-_XID_CODE = re.compile(r"Xid\s*(?:\(PCI:[^)]*\))?[\s:,]*(\d{1,3})\b")
+_XID_CODE = re.compile(r"Xid\s*+(?:\(PCI:[^)]{0,64}\))?[\s:,]*+(\d{1,3})\b")
 _PREVIOUS_XID = re.compile(r"\bXid\s*(\d{1,3})\b")
 PINNED_MIN_PROCESSES = 2  # app-type Xids from this many different processes on one GPU...
 
@@ -770,7 +790,11 @@ def shm_too_small(facts: Facts) -> Match | None:
             "/dev/shm is full",
         )
     if small and (match is not None or nospace) and not _disk_really_full(facts):
-        c = small[0]
+        # the container whose own log says it: another's default 64 MiB is not this fault
+        said = {ln.source for ln in [*nospace, *(match.evidence if match else ())]}
+        c = next(
+            (c for c in small if any(s.startswith(f"containers/{c.name}.") for s in said)), small[0]
+        )
         lines = [shm_line(c)]
         if match is None:
             lines.extend(nospace)

@@ -61,6 +61,14 @@ class Settings(BaseSettings):
     fix_lease_s: float | None = Field(default=None, gt=0)
     # Reports and the Prefect service
     report_dir: Path | None = None  # default: OUT_DIR/reports
+    # a git repository (path or remote, bare or not) each post-mortem is also committed to, with
+    # an index page (reports/gitstore.py); None: none
+    reports_git: str | None = Field(default=None, max_length=1000)
+    # how a response runs NVIDIA's bug report on a host (it needs root: e.g. "sudo -n
+    # nvidia-bug-report.sh" for a non-root SSH user with a sudoers rule for it)
+    bug_report_command: str = Field(
+        default="nvidia-bug-report.sh", pattern=r"^[A-Za-z0-9_./ -]{1,200}$"
+    )
     sweep_schedule: str = "*/15 * * * *"  # cron for `cudamedic serve`
     sweep_timezone: str = "UTC"
     prefect_port: int = Field(default=4200, gt=0, lt=65536)  # the embedded local server
@@ -83,6 +91,18 @@ class Settings(BaseSettings):
     approvers: tuple[str, ...] = ()  # identities that approve: Slack user ids (U...), names
     approver_os_users: dict[str, str] = {}  # OS user of `cudamedic approve` -> their identity
     four_eyes: bool | None = None  # the requester may not approve (default: slack_four_eyes)
+    # A secret shared by the fleet's services (workers, `serve`, the alert receiver) and the
+    # trusted hosts where people run `cudamedic approve` (readable only by the service user:
+    # people run it through sudo). It signs what they vouch for: an OS user's answer, an alert's
+    # or a sweep's start. Without it such answers and starts are only claimed.
+    approval_key: SecretStr | None = None
+    # Where a waiting approval is announced (flows/announce.py), whoever started the response:
+    # a Slack channel of approvers (needs slack_bot_token) and/or a plain JSON webhook.
+    slack_approvals_channel: str | None = Field(default=None, pattern=r"^[A-Z0-9]{2,40}$")
+    approval_webhook: str | None = Field(default=None, pattern=r"^https?://[^\s]{1,2000}$")
+    approval_webhook_token: SecretStr | None = None  # sent as Authorization: Bearer
+    # The Prefect work pool of `cudamedic worker` (deploy/prefect.yaml's CUDAMEDIC_WORK_POOL)
+    work_pool: str | None = Field(default=None, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
     # Slack (`cudamedic slack`; docs: README "Slack"); tokens from the environment or this file
     slack_bot_token: SecretStr | None = None  # xoxb-...
     slack_signing_secret: SecretStr | None = None  # HTTP mode

@@ -33,7 +33,7 @@ ERRORISH = re.compile(
     r"refused|abort|terminat|no space|oom|out of memory|bus error|is_available|not compiled|"
     r"too old|not supported|unsupported|illegal|assert|exited|signal|segmentation"
 )
-_TOKEN = re.compile(r"[a-z][a-z0-9_]*(?:\.[a-z0-9_]+)*|[0-9]+(?:\.[0-9]+)+")
+_TOKEN = re.compile(r"[a-z][a-z0-9_]*(?:\.[a-z0-9_]+)*|(?<![0-9])[0-9]++(?:\.[0-9]++)+")
 _NOISE = re.compile(r"^(?:[0-9a-f]{6,}|[0-9]+|0x[0-9a-f]+|[a-z]?[0-9]{4,}.*)$")
 _STOP_WORDS = (
     "the a an and or of to in on at for is are was were be been it this that with as by "

@@ -26,6 +26,9 @@ class HostSource(Frozen):
     fallback: str | None = None
     ok_exit_codes: tuple[int, ...] = (0,)
     stdout_only: bool = False
+    # A program the host may not have (e.g. `dcgmi`): where it is not on PATH the source is
+    # skipped quietly (status skipped, no finding), like nccl-tests without all_reduce_perf.
+    requires: str | None = Field(default=None, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.+-]{0,60}$")
 
 
 class ContainerProbe(Frozen):

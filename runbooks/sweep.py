@@ -25,6 +25,7 @@ from runbooks.classify import diagnose
 from runbooks.collect import collect
 from runbooks.errors import CudamedicError
 from runbooks.facts import Facts, gather
+from runbooks.fixes import fault_container
 from runbooks.health import (
     HealthFinding,
     HostChange,
@@ -104,7 +105,7 @@ def assess(
     )
     if health.error is not None:
         return HostResult(health=health)
-    d = diagnose(facts, host=name)
+    d = diagnose(facts, host=name, source_status=source_status)
     if d.incident in (Incident.HEALTHY, Incident.UNKNOWN):
         return HostResult(health=health)
     findings = list(health.findings)
@@ -129,13 +130,22 @@ def assess(
         health=health,
         incident=d.incident,
         incident_summary=d.summary,
-        container=d.container if d.container != "log" else None,
+        # the response it starts names a container only where that one's own evidence shows
+        # the fault (another container of the host must never be touched)
+        container=fault_container(d),
     )
 
 
 def failed_result(name: str, error: str) -> HostResult:
     f = HealthFinding(code="check-failed", level="warning", message=error[:500])
-    return HostResult(health=HostHealth(host=name, verdict="warning", findings=(f,), error=error))
+    health = HostHealth(
+        host=name,
+        verdict="warning",
+        findings=(f,),
+        error=error,
+        unchecked={"": "the host's check failed"},  # its last findings stay as they were
+    )
+    return HostResult(health=health)
 
 
 def check_hosts(

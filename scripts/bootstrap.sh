@@ -12,6 +12,9 @@ command -v busybox >/dev/null 2>&1 || need+=(busybox-static)
 command -v ssh-keygen >/dev/null 2>&1 || need+=(openssh-client)
 # The fleet tests' PostgreSQL (tests/fleet.py starts its own cluster with initdb/pg_ctl).
 compgen -G '/usr/lib/postgresql/*/bin/initdb' >/dev/null || need+=(postgresql)
+# The metrics tests' real Prometheus and Alertmanager (tests/prom.py starts them on loopback).
+command -v prometheus >/dev/null 2>&1 || need+=(prometheus)
+command -v prometheus-alertmanager >/dev/null 2>&1 || need+=(prometheus-alertmanager)
 if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" != 0 ]; then
     echo "bootstrap: need root to install: ${need[*]}" >&2; exit 1

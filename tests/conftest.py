@@ -5,6 +5,7 @@ from __future__ import annotations
 import atexit
 import hashlib
 import os
+import secrets
 import shutil
 import tempfile
 import uuid
@@ -46,6 +47,9 @@ os.environ.update(
     }
 )
 os.environ.pop("PREFECT_API_KEY", None)
+# The tests' servers ask for an auth string like the embedded one (flows/server.py): every
+# process of the tests (workers, CLI runs) inherits it.
+os.environ["PREFECT_API_AUTH_STRING"] = "cudamedic-test:" + secrets.token_urlsafe(24)
 
 
 @pytest.fixture(scope="session")
@@ -140,20 +144,32 @@ def make_container(gpu_engine: docker.DockerClient) -> Iterator[object]:
 
     yield make
     for client, name in made:
-        try:
-            client.containers.get(name).remove(force=True)
-        except docker.errors.NotFound:
-            pass
+        remove_made(client, name)
+
+
+def remove_made(client: docker.DockerClient, name: str) -> None:
+    """Remove a test's container and what fixes of it left beside it (its backups
+    `NAME-cudamedic-backup-*`, its lock `NAME-cudamedic-fix-lock`): the lab is shared with
+    `make demo`, whose sweeps must see only the problems the lab plants."""
+    for c in client.containers.list(all=True, filters={"name": name}):
+        if c.name == name or c.name.startswith(f"{name}-cudamedic-"):
+            try:
+                c.remove(force=True)
+            except docker.errors.NotFound:
+                pass
 
 
 def pytest_terminal_summary(terminalreporter: object) -> None:
     """Print the reliability figures and the corpus accuracy table after the run."""
     from tests.reliability.figures import table
     from tests.test_corpus import REPORT
+    from tests.test_rounds import FIGURES as ROUNDS
 
     write = terminalreporter.write_line  # type: ignore[attr-defined]
     for line in table():
         write(line)
+    for round_, (right, total) in sorted(ROUNDS.items()):
+        write(f"blind round {round_} (tests/rounds, not in the corpus): {right}/{total} right")
     if not REPORT:
         return
     for line in corpus_summary(REPORT):

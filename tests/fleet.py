@@ -247,13 +247,28 @@ class Pool:
         return "".join(f"--- {n}\n{p.read_text(errors='replace')}" for n, p in self.logs.items())
 
 
+def worker_argv(pool: str, worker: str, limit: int, cudamedic: bool) -> list[str]:
+    """A worker's command: `cudamedic worker` (deploy/systemd/cudamedic-worker@.service), or
+    Prefect's own `prefect worker start`."""
+    if cudamedic:
+        cli = str(Path(PREFECT[0]).parent / "cudamedic")
+        return [cli, "worker", "--pool", pool, "--name", worker, "--limit", str(limit)]
+    return [*PREFECT, "worker", "start", "--pool", pool, "--name", worker, "--limit", str(limit)]
+
+
 @contextlib.contextmanager
 def work_pool(
-    api_url: str, base: dict[str, str], root: Path, workers: tuple[str, ...], limit: int = 2
+    api_url: str,
+    base: dict[str, str],
+    root: Path,
+    workers: tuple[str, ...],
+    limit: int = 2,
+    cudamedic: bool = False,
 ) -> Iterator[Pool]:
     """deploy/prefect.yaml on a new process work pool of the server at `api_url` (the cron sweep
     paused), and `workers` as separate processes, each with its own HOME, PREFECT_HOME, state and
-    output dirs under `root` (worker_env); stopped at the end (SIGINT, then SIGKILL)."""
+    output dirs under `root` (worker_env); stopped at the end (SIGINT, then SIGKILL).
+    `cudamedic`: the workers run as `cudamedic worker`."""
     name = f"cudamedic-fleet-{secrets.token_hex(3)}"
     base = {**base, "CUDAMEDIC_HOME": str(ROOT), "CUDAMEDIC_WORK_POOL": name}
     pool = Pool(name, api_url, worker_env(base, api_url, root / "operator"))
@@ -270,17 +285,7 @@ def work_pool(
         for worker in workers:
             pool.logs[worker] = root / f"{worker}.log"
             pool.procs[worker] = subprocess.Popen(
-                [
-                    *PREFECT,
-                    "worker",
-                    "start",
-                    "--pool",
-                    name,
-                    "--name",
-                    worker,
-                    "--limit",
-                    str(limit),
-                ],
+                worker_argv(name, worker, limit, cudamedic),
                 cwd=ROOT,
                 env=worker_env(base, api_url, root / worker),
                 stdout=pool.logs[worker].open("wb"),

@@ -24,19 +24,55 @@ RULE = {
     "CUDAMEDIC_APPROVERS": '["U0CAROL"]',
     # alice's OS user is her Slack id; carol approves from a terminal as her Slack id too
     "CUDAMEDIC_APPROVER_OS_USERS": '{"alice": "U0ALICE", "carol": "U0CAROL"}',
+    # this host is trusted: `cudamedic approve` signs its OS user with the fleet's key
+    "CUDAMEDIC_APPROVAL_KEY": "test-approval-key-" + "0" * 24,
 }
 
 
 def test_the_rule_as_a_function() -> None:
     s = Settings(approvers=("U0CAROL",), approver_os_users={"alice": "U0ALICE"})
     never = lambda _: False  # noqa: E731 - no Slack groups configured: never asked
+    signed = {"established": "slack-signed"}
     assert identity(s, "os:alice") == "U0ALICE" and identity(s, "os:eve") == "os:eve"
-    assert refusal(s, "U0CAROL", "U0ALICE", never) is None
-    assert refusal(s, "U0ALICE", "os:bob", never) is None  # mapped OS users approve
-    assert "four-eyes" in str(refusal(s, "U0ALICE", "U0ALICE", never))
-    assert "not an approver" in str(refusal(s, "os:eve", "U0ALICE", never))
-    assert refusal(s.model_copy(update={"four_eyes": False}), "U0ALICE", "U0ALICE", never) is None
-    assert refusal(Settings(), "anyone", "anyone", never) is None  # nothing configured: open
+    assert refusal(s, "U0CAROL", "U0ALICE", never, **signed) is None
+    assert refusal(s, "U0ALICE", "os:bob", never, established="trusted-host") is None
+    assert "four-eyes" in str(refusal(s, "U0ALICE", "U0ALICE", never, **signed))
+    assert "not an approver" in str(refusal(s, "os:eve", "U0ALICE", never, **signed))
+    assert (
+        refusal(s.model_copy(update={"four_eyes": False}), "U0ALICE", "U0ALICE", never, **signed)
+        is None
+    )
+    assert refusal(Settings(), "anyone", "anyone", never, established="claimed") is None  # open
+    # A claimed identity (the UI's form, an API call) never satisfies four-eyes (issue 30) ...
+    assert "only claimed" in str(refusal(s, "U0CAROL", "U0ALICE", never, established="claimed"))
+    # ... but may reject (nothing changes), and counts as before without four-eyes.
+    no = refusal(s, "U0CAROL", "U0ALICE", never, established="claimed", decision="reject")
+    assert no is None
+    off = s.model_copy(update={"four_eyes": False})
+    assert refusal(off, "U0CAROL", "U0ALICE", never, established="claimed") is None
+
+
+def test_proofs_establish_identities_and_nothing_else_does() -> None:
+    from runbooks.approvals import answer_established, answer_proof, start_established, start_proof
+
+    s = Settings(slack_bot_token="xoxb-test-token", approval_key="k" * 32)
+    run = "0b9f0000-0000-4000-8000-000000000000"
+    slack = answer_proof("xoxb-test-token", "slack", run, "approve", "U0CAROL")
+    assert answer_established(s, run, "approve", "U0CAROL", slack) == "slack-signed"
+    assert answer_established(s, run, "reject", "U0CAROL", slack) == "claimed"  # another answer
+    assert answer_established(s, run, "approve", "U0MALLORY", slack) == "claimed"
+    assert answer_established(s, run[:-1] + "1", "approve", "U0CAROL", slack) == "claimed"
+    os_proof = answer_proof("k" * 32, "os", run, "approve", "os:carol")
+    assert answer_established(s, run, "approve", "os:carol", os_proof) == "trusted-host"
+    # the bot token does not vouch for an OS user, nor the approval key for a Slack user
+    assert answer_established(s, run, "approve", "os:carol", slack) == "claimed"
+    wrong = answer_proof("k" * 32, "os", run, "approve", "U0CAROL")
+    assert answer_established(s, run, "approve", "U0CAROL", wrong) == "claimed"
+    assert answer_established(Settings(), run, "approve", "os:carol", os_proof) == "claimed"
+    start = start_proof("k" * 32, "alert GpuXid", "gpu-healthy", "train")
+    assert start_established(s, start, "alert GpuXid", "gpu-healthy", "train")
+    assert not start_established(s, start, "alert GpuXid", "gpu-healthy", "other")
+    assert not start_established(Settings(), start, "alert GpuXid", "gpu-healthy", "train")
 
 
 def _triage(environ: dict[str, str], container: str) -> tuple[subprocess.Popen[str], str]:
@@ -92,10 +128,11 @@ def test_every_path_obeys_the_rule_and_the_trail_is_one(
         sent = now()
         _ui_answer(run_id, "U0ALICE")  # alice again, by her Slack id in the UI form
         judged = verdict(run_id, "U0ALICE", sent)
-        assert judged and "four-eyes" in str(judged["refusal"]), judged
-        _ui_answer(run_id, "mallory")
-        judged = verdict(run_id, "mallory", sent)
-        assert judged and "not an approver" in str(judged["refusal"]), judged
+        assert judged and "only claimed" in str(judged["refusal"]), judged
+        _ui_answer(run_id, "U0CAROL")  # anyone may type carol's id: only claimed (issue 30)
+        judged = verdict(run_id, "U0CAROL", sent)
+        assert judged and "only claimed" in str(judged["refusal"]), judged
+        assert judged["established"] == "claimed", judged
         # Nothing was changed by any of them.
         assert gpu_engine.containers.get(container_name).attrs["HostConfig"]["ShmSize"] == 64 << 20
         assert wait_until_paused(run_id)
@@ -137,9 +174,15 @@ def _trail_from_another_machine(
         ("cudamedic.approval.refused", "os:eve"),
         ("cudamedic.approval.refused", "U0ALICE"),
         ("cudamedic.approval.refused", "U0ALICE"),
-        ("cudamedic.approval.refused", "mallory"),
+        ("cudamedic.approval.refused", "U0CAROL"),
         ("cudamedic.approval.approved", "U0CAROL"),
     ], said
+    # how each identity was established: signed by this trusted host's key, or only claimed
+    how = [e["record"]["established"] for e in mine if "identity" in e["record"]]
+    assert how == ["trusted-host", "trusted-host", "claimed", "claimed", "trusted-host"], how
+    assert {e["record"]["requester_established"] for e in mine if "identity" in e["record"]} == {
+        "os-user"
+    }
     assert {e["record"]["requester"] for e in mine if "requester" in e["record"]} == {"U0ALICE"}
     assert "cudamedic.response.finished" in names
     applied = [e for e in doc["events"] if e["event"] == "cudamedic.fix.applied"]
@@ -147,3 +190,34 @@ def _trail_from_another_machine(
         e["record"]["approved_by"] for e in applied if e["record"]["container"] == container
     ] == ["U0CAROL"]
     assert not (tmp / "other-state" / "audit.jsonl").exists()  # nothing local was read
+
+
+def test_a_rejection_is_taken_and_said(
+    env: dict[str, str],  # noqa: F811
+    make_container: Any,
+    container_name: str,
+    gpu_engine: Any,
+    volume: str,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    """`approve --reject` waited for the event `cudamedic.approval.rejectd` (issue 30: the name
+    was made by adding "d" to the decision) and said the flow had not answered; an automation
+    on `.rejected` never fired."""
+    shm_container(make_container, container_name, volume)
+    env = {**env, **RULE}
+    proc, run_id = _triage({**env, "SUDO_USER": "alice"}, container_name)
+    try:
+        no = cudamedic({**env, "SUDO_USER": "carol"}, "approve", run_id, "--reject")
+        assert no.returncode == 0 and "taken: reject by U0CAROL" in no.stdout, no
+        rest, err = proc.communicate(timeout=180)
+    finally:
+        proc.kill()
+    assert proc.returncode == 4 and field(rest, "outcome").startswith("rejected"), rest + err
+    assert gpu_engine.containers.get(container_name).attrs["HostConfig"]["ShmSize"] == 64 << 20
+    out = cudamedic(env, "audit", "--json", "--host", "gpu-healthy", "--since", "1h")
+    events = [
+        e["event"]
+        for e in json.loads(out.stdout)["events"]
+        if e["record"].get("flow_run") == run_id and "decision" in e["record"]
+    ]
+    assert events == ["cudamedic.approval.rejected"], events

@@ -381,7 +381,11 @@ def test_policy_unattended_and_blast_radius(fix_settings: Settings, tmp_path: Pa
     assert refusal(P(), ("lab",), policy, fix_settings, confirmed=False) is None  # type: ignore[arg-type]
     assert "needs --yes" in str(refusal(P(), ("prod",), policy, fix_settings, confirmed=False))  # type: ignore[arg-type]
     for _ in range(2):
-        audit(fix_settings.state_path, "apply", host="h", container="c")
+        audit(fix_settings.state_path, "apply", host="h", container="c", fleet="another")
+    # another fleet's fixes (this machine ran a demo, say) do not count against this one
+    assert refusal(P(), ("lab",), policy, fix_settings, confirmed=True) is None  # type: ignore[arg-type]
+    for _ in range(2):
+        audit(fix_settings.state_path, "apply", host="h", container="c", fleet=fix_settings.fleet)
     assert "blast-radius" in str(refusal(P(), ("lab",), policy, fix_settings, confirmed=True))  # type: ignore[arg-type]
 
 
@@ -406,10 +410,11 @@ def test_the_fix_cap_counts_the_whole_fleet_from_prefect(
         time.sleep(0.5)
     assert applied_within(b, hour, fleet) == 2
     assert applied_within(b, hour) == 0  # no fleet: this machine's log only
-    assert applied_within(a, hour, fleet) == 3  # never fewer than the local log says
+    assert applied_within(a, hour, fleet) == 2  # A's log: this fleet's two, not the other's
     monkeypatch.setenv("PREFECT_API_URL", "http://127.0.0.1:9/api")  # nothing listens there
     started = time.monotonic()
     assert applied_within(b, hour, fleet) == 0
+    assert applied_within(a, hour, fleet) == 2  # never fewer than the local log says
     assert time.monotonic() - started < 5
 
 

@@ -356,7 +356,8 @@ def test_unattended_policy_and_the_circuit_breaker(
 # -- the fleet sweep ---------------------------------------------------------------------------
 EXPECTED = {  # lab host -> (verdict, finding codes) with nccl-tests on
     "gpu-healthy": ("healthy", set()),
-    "gpu-xid79": ("drain", {"xid-79@0000:02:00"}),
+    # gpu-xid79 runs NVIDIA DCGM: its recorded health report warns of a power clock event
+    "gpu-xid79": ("drain", {"xid-79@0000:02:00", "dcgm-health-power@gpu0"}),
     "gpu-nodriver": ("drain", {"driver-not-loaded"}),
     "gpu-mismatch": ("drain", {"driver-library-mismatch"}),
     "gpu-slow-nccl": ("warning", {"nccl-bandwidth-low"}),

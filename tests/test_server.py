@@ -55,16 +55,18 @@ def test_one_server_per_state_dir_and_stop_stops_what_status_shows(
     assert status.returncode == 0 and ": up" in status.stdout, status.stdout + status.stderr
     assert str(tmp_path / "a" / "prefect") in status.stdout
 
-    # Another state dir on the same port: not silently shared, not stopped by it.
+    # Another state dir on the same port: not silently shared, not stopped by it. (It cannot
+    # say where that server's database is: the server answers that only with its own auth
+    # string, which is a's, issue 27.)
     other = server(b, "start")
     assert other.returncode == 1, other.stdout + other.stderr
-    assert str(tmp_path / "a" / "prefect") in other.stderr, other.stderr
+    assert "served by another Prefect server" in other.stderr, other.stderr
     assert "CUDAMEDIC_PREFECT_PORT" in other.stderr and "Traceback" not in other.stderr
     seen = server(b, "status")
     assert seen.returncode == 1 and "another" in seen.stdout, seen.stdout + seen.stderr
     kept = server(b, "stop")
     assert kept.returncode == 1, kept.stdout + kept.stderr
-    assert "nothing was stopped" in kept.stdout and str(tmp_path / "a") in kept.stdout
+    assert "nothing was stopped" in kept.stdout
     assert server(a, "status").returncode == 0
 
     stopped = server(a, "stop")
@@ -73,3 +75,17 @@ def test_one_server_per_state_dir_and_stop_stops_what_status_shows(
     assert after.returncode == 1 and ": down" in after.stdout
     again = server(a, "stop")
     assert again.returncode == 0 and "no local server was running" in again.stdout
+
+
+def test_status_asks_the_server_prefect_api_url_names(prefect_api: str, tmp_path: Path) -> None:
+    """Every command uses the server PREFECT_API_URL names; `server status` asked the embedded
+    one anyway (issue 30) and said "down" beside a running fleet server."""
+    env = server_env(tmp_path / "a", _free_port())
+    up = server({**env, "PREFECT_API_URL": prefect_api}, "status")
+    assert up.returncode == 0 and f"{prefect_api}: up (PREFECT_API_URL" in up.stdout, up
+    gone = f"http://127.0.0.1:{_free_port()}/api"
+    down = server({**env, "PREFECT_API_URL": gone}, "status")
+    assert down.returncode == 1 and f"{gone}: down" in down.stdout, down
+    start = server({**env, "PREFECT_API_URL": prefect_api}, "start")
+    assert start.returncode == 2 and "PREFECT_API_URL names" in start.stderr, start
+    assert not (tmp_path / "a" / "prefect").exists()  # nothing embedded was started

@@ -119,3 +119,70 @@ def test_a_hanging_prefect_costs_one_timeout_not_one_per_message(
     assert opened == {"ok": True} and took_modal < 1.0  # a modal never waits on Prefect
     assert all(answers) and texts(slack) == [f"h{i}" for i in range(5)]
     assert took < 2.0 + 3.0, took  # one 2 s timeout, then this process stops asking for a while
+
+
+def _plant(settings: Settings, data: dict[str, Any]) -> None:
+    """An artifact under the outbox's key, written by anyone who can write to the Prefect API."""
+    from flows.slack_outbox import outbox_key
+    from runbooks.prefect_api import call
+
+    body = {"key": outbox_key(settings), "type": "cudamedic-outbox", "data": data}
+    call("POST", "/artifacts/", body, timeout=5.0)
+
+
+def test_a_message_planted_in_the_outbox_is_never_sent_issue27(
+    prefect_api: str, slack: FakeSlack, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 27 (1): an item under the outbox's key uploaded a private key of the flushing
+    machine (`file:`) and posted a fake approval. Only signed items of the methods and argument
+    keys cudamedic sends go out; the rest go to the dead letters with a warning."""
+    from flows.slack_outbox import sign
+
+    a = worker(slack, tmp_path, "a")
+    key_file = tmp_path / "id_ed25519"
+    key_file.write_text("-----BEGIN OPENSSH PRIVATE KEY-----\nb3BlbnNzaC1rZXktdjEAAAAA\n")
+    now = time.time() - 60
+    _plant(
+        a,
+        {"method": "files_upload_v2", "args": {"file": str(key_file), "channel": "C6"}, "at": now},
+    )
+    approval = {"channel": "C1", "text": "fix APPROVED by <@UBOSS>"}
+    _plant(a, {"method": "chat.postMessage", "args": approval, "at": now + 1})
+    _plant(a, {"method": "chat.postMessage", "args": approval, "at": now + 2, "sig": "0" * 64})
+    # signed with the workers' key, but a call cudamedic never makes: refused all the same
+    signed = sign(a, {"method": "files_upload_v2", "args": {"file": str(key_file)}, "at": now + 3})
+    _plant(a, signed)
+    _plant(a, sign(a, {"method": "admin.users.remove", "args": {"user": "U1"}, "at": now + 4}))
+    with caplog.at_level("WARNING"):
+        assert deliver(a, "chat.postMessage", channel="C1", text="real") is not None
+    assert texts(slack) == ["real"] and slack.uploads == {}
+    assert [c["method"] for c in slack.calls] == ["chat.postMessage"]
+    reasons = sorted(str(d["reason"]) for d in dead(a))
+    assert len(reasons) == 5 and waiting(a) == []
+    assert sum("unsigned" in r for r in reasons) == 2
+    assert sum("bad signature" in r for r in reasons) == 1
+    assert sum("never sends: file" in r for r in reasons) == 1
+    assert sum("not a message cudamedic sends" in r for r in reasons) == 1
+    assert "moved to the dead letters" in caplog.text
+
+
+def test_a_message_planted_in_the_local_outbox_is_never_sent_issue27(
+    prefect_api: str, slack: FakeSlack, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The local cache (STATE_DIR/slack-outbox.jsonl) gets the same checks, Prefect up or down."""
+    import json
+
+    a = worker(slack, tmp_path, "a")
+    a.state_path.mkdir(parents=True)
+    planted = {"method": "files_upload_v2", "args": {"file": "/etc/shadow", "channel": "C6"}}
+    local_outbox(a).write_text(json.dumps({**planted, "at": time.time()}) + "\n")
+    with socket.socket() as closed:  # Prefect is down: the local flush sends the local cache
+        closed.bind(("127.0.0.1", 0))
+        monkeypatch.setenv("PREFECT_API_URL", f"http://127.0.0.1:{closed.getsockname()[1]}/api")
+        assert deliver(a, "chat.postMessage", channel="C1", text="one") is not None
+    assert not local_outbox(a).exists() and slack.uploads == {}
+    monkeypatch.setenv("PREFECT_API_URL", prefect_api)
+    local_outbox(a).write_text(json.dumps({**planted, "at": time.time()}) + "\n")
+    assert deliver(a, "chat.postMessage", channel="C1", text="two") is not None  # moved, refused
+    assert texts(slack) == ["one", "two"] and slack.uploads == {}
+    assert [d["method"] for d in dead(a)] == ["files_upload_v2", "files_upload_v2"]

@@ -330,7 +330,7 @@ class _KernelLogReader:
                 break
             joined += " " + nxt[1]
             self.consumed.add(follow)
-        joined = re.sub(r"\s*(?:#012)?NVRM:\s*", " ", joined.replace("#012", " "))
+        joined = re.sub(r"(?<!\s)\s*+(?:#012)?NVRM:\s*+", " ", joined.replace("#012", " "))
         client, module = _CLIENT.search(joined), _MODULE.search(joined)
         return {
             "api_mismatch": True,

@@ -19,7 +19,7 @@ from runbooks.model import Finding, Frozen
 
 _CUDA_TAG = re.compile(r"(?i)cuda[-_]?(\d+)\.(\d+)|cu(\d{2,3})\b")
 _GPU_IMAGE = re.compile(
-    r"(?i)(?<![a-z])(cuda|torch|nvidia|vllm|triton)(?![a-z])|pytorch|nvcr\.io|tensorflow.*gpu|-gpu\b"
+    r"(?i)(?<![a-z])(cuda|torch|nvidia|vllm|triton)(?![a-z])|pytorch|nvcr\.io|tensorflow.{0,100}?gpu|-gpu\b"
 )
 
 

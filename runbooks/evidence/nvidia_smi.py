@@ -236,16 +236,20 @@ def _value(raw: str | None) -> str | None:
 _DRIVER = re.compile(r"Driver Version:\s*(?P<v>[\w.-]+)")
 _CUDA = re.compile(r"CUDA Version:\s*(?P<v>\d+(?:\.\d+)*|N/A)")
 _NVML_LIB = re.compile(r"NVML library version:\s*(?P<v>[\w.-]+)", re.IGNORECASE)
-_GPU_HEAD = re.compile(r"^(?P<index>\d{1,9})\s+(?P<name>.*?)(?:\s+(?P<pm>On|Off|N/A|ERR!))?$")
+# A lazy name before `\s+X$` rescans the spaces after each character it takes: the `\s++` that
+# ends it may start only after a non-space (issue 27: linear on a line of spaces).
+_GPU_HEAD = re.compile(
+    r"^(?P<index>\d{1,9})\s++(?P<name>.*?)(?:(?<!\s)\s++(?P<pm>On|Off|N/A|ERR!))?$"
+)
 _LIST_GPU = re.compile(r"^GPU (?P<index>\d{1,9}): (?P<name>.+?) \(UUID: (?P<uuid>GPU-[\w-]+)\)$")
 _LIST_MIG = re.compile(r"^MIG .*?Device\s+\d+: \(UUID: (?P<uuid>MIG-[\w/-]+)\)$")
 _PROC_NEW = re.compile(
-    r"^(?P<gpu>\d{1,9})\s+(?P<gi>N/A|\d+)\s+(?P<ci>N/A|\d+)\s+(?P<pid>\d{1,18})\s+"
-    r"(?P<type>C\+G|M\+C|C|G|M)\s+(?P<name>.*?)\s+(?P<mem>\d+MiB|N/A)$"
+    r"^(?P<gpu>\d{1,9})\s++(?P<gi>N/A|\d++)\s++(?P<ci>N/A|\d++)\s++(?P<pid>\d{1,18})\s++"
+    r"(?P<type>C\+G|M\+C|C|G|M)\s++(?P<name>.*?)(?<!\s)\s++(?P<mem>\d++MiB|N/A)$"
 )
 _PROC_OLD = re.compile(
-    r"^(?P<gpu>\d{1,9})\s+(?P<pid>\d{1,18})\s+(?P<type>C\+G|M\+C|C|G|M)\s+(?P<name>.*?)\s+"
-    r"(?P<mem>\d+MiB|N/A)$"
+    r"^(?P<gpu>\d{1,9})\s++(?P<pid>\d{1,18})\s++(?P<type>C\+G|M\+C|C|G|M)\s++(?P<name>.*?)"
+    r"(?<!\s)\s++(?P<mem>\d++MiB|N/A)$"
 )
 _MEMORY = re.compile(r"^(?P<used>\S+)\s*/\s*(?P<total>\S+)$")
 
@@ -543,7 +547,7 @@ def _process(cell: str, line: Line) -> SmiProcess | None:
 # ------------------------------------------------------------------------------------- XML
 
 
-_DOCTYPE = re.compile(r"<!DOCTYPE[^>\[]*>", re.IGNORECASE)
+_DOCTYPE = re.compile(r"<!DOCTYPE[^>\[<]*+>", re.IGNORECASE)  # stops at the next `<`: linear
 
 
 def _prepare_xml(text: str, source: str) -> tuple[str | None, Finding | None]:

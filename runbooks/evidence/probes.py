@@ -85,10 +85,23 @@ def _list(value: Any) -> list[Any]:
     return value if isinstance(value, list) else []
 
 
-_ULIMIT_L = re.compile(
-    r"(?i)(max locked memory|locked memory|memlock).*?(-l\)?)?\s+(unlimited|\d{1,30})\s*$"
-)
-_ULIMIT_S = re.compile(r"(?i)(stack size|stack).*?\s+(unlimited|\d{1,30})\s*$")
+# `ulimit -a`: "max locked memory       (kbytes, -l) 65536": the name, then the value last on
+# the line. Found with str methods, not `name.*?\s+(value)\s*$`: that is quadratic on a
+# repeated name and on runs of spaces (issue 27).
+_ULIMIT_L = re.compile(r"(?i)max locked memory|locked memory|memlock")
+_ULIMIT_S = re.compile(r"(?i)stack size|stack")
+
+
+def _value_after(name: re.Pattern[str], raw: str) -> int | None:
+    """The value (-1: unlimited) that ends a line holding `name`, after a space, or None."""
+    m = name.search(raw)
+    rest = raw[m.end() :].rstrip() if m else ""
+    last = rest.split()[-1] if rest.split() else ""
+    if not last or not rest[: len(rest) - len(last)][-1:].isspace():
+        return None
+    if last.lower() == "unlimited":
+        return -1
+    return int(last) if last.isdecimal() and len(last) <= 30 else None
 
 
 class Ulimits(Frozen):
@@ -117,14 +130,14 @@ def parse_ulimit(text: str, source: str = "containers/exec-ulimit.txt") -> Ulimi
             elif stack is None:
                 stack = value
             continue
-        m = _ULIMIT_L.search(raw)
-        if m and memlock is None:
-            memlock = -1 if m.group(3).lower() == "unlimited" else int(m.group(3))
+        kb = _value_after(_ULIMIT_L, raw)
+        if kb is not None and memlock is None:
+            memlock = kb
             memlock_line = Line(source=source, line=number, text=raw.strip())
             continue
-        s = _ULIMIT_S.search(raw)
-        if s and stack is None:
-            stack = -1 if s.group(2).lower() == "unlimited" else int(s.group(2))
+        kb = _value_after(_ULIMIT_S, raw)
+        if kb is not None and stack is None:
+            stack = kb
     findings: tuple[Finding, ...] = ()
     if memlock is None and stack is None and text.strip():
         findings = (
@@ -247,7 +260,7 @@ _EXC_LINE = re.compile(
 )
 
 
-_ERROR_LINE = re.compile(r"^(?:\[[^\]]*\]\s*:?\s*)?([A-Za-z_][\w.]*(?:Error|Exception)):\s")
+_ERROR_LINE = re.compile(r"^(?:\[[^\]]*+\]\s*+:?\s*+)?([A-Za-z_][\w.]*(?:Error|Exception)):\s")
 
 
 def python_exceptions(text: str, source: str) -> tuple[Line, ...]:
@@ -296,7 +309,7 @@ class EnvReport(Frozen):
 
 
 _ENV_TORCH = re.compile(
-    r"(?:PyTorch version|torch version|torch\.__version__\)?|^torch)\s*[:=]{0,2}\s*['\"]?"
+    r"(?:PyTorch version|torch version|torch\.__version__\)?|^torch)\s*+[:=]{0,2}\s*+['\"]?"
     r"(?P<v>\d+\.\d+(?:\.\d+)?(?:[a-z0-9.]*)?(?:\+(?P<local>[a-z0-9.]+))?)",
     re.IGNORECASE,
 )
@@ -306,7 +319,7 @@ _ENV_AVAILABLE = re.compile(r"Is CUDA available:\s*(?P<v>True|False|Yes|No)\b")
 _ENV_DRIVER = re.compile(r"Nvidia driver version:\s*(?P<v>\d+\.\d+(?:\.\d+)?)")
 _BARE_CPU_VERSION = re.compile(r"^['\"(]?(?P<v>\d+\.\d+(?:\.\d+)?\+cpu)['\")]?$")
 _IS_AVAILABLE_CALL = re.compile(
-    r"is_available\(\)[)\"'\s]*(?:->|=|:|returns?|is)?\s*(?P<v>True|False)?[\s\"')]*$"
+    r"is_available\(\)[)\"'\s]*+(?:(?:->|=|:|returns?|is)\s*+)?(?P<v>True|False)?[\s\"')]*+$"
 )
 ANSWER_WITHIN = 50  # lines between `print(...is_available())` and its True/False
 _NVCC = re.compile(r"Cuda compilation tools, release (?P<v>\d+\.\d+)")
@@ -426,8 +439,8 @@ class _EnvScan:
 # ``nvidia-container-cli --version`` prints "version: 1.0.7" (libnvidia-container), newer ones
 # "cli-version: 1.14.3" and "lib-version: ...".
 _TOOLKIT_VERSION = re.compile(
-    r"(?im)^\s*(?:NVIDIA Container (?:Toolkit CLI|Runtime Hook) version|(?:cli-)?version:)"
-    r"\s*v?(\d+\.\d+(?:\.\d+)?)"
+    r"(?im)^[ \t]*+(?:NVIDIA Container (?:Toolkit CLI|Runtime Hook) version|(?:cli-)?version:)"
+    r"[ \t]*+v?(\d+\.\d+(?:\.\d+)?)"
 )
 
 
@@ -452,7 +465,7 @@ def parse_toolkit_version(
 
 def version_tuple(version: str) -> tuple[int, ...]:
     """ "1.13" -> (1, 13); "1.12.0" -> (1, 12, 0); text after the numbers is ignored."""
-    m = re.match(r"\s*v?(\d+(?:\.\d+)*)", version)
+    m = re.match(r"v?(\d{1,9}(?:\.\d{1,9}){0,8})", version.strip())
     return tuple(int(p) for p in m.group(1).split(".")) if m else ()
 
 

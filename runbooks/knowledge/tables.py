@@ -287,7 +287,7 @@ def xid_table() -> tuple[XidInfo, ...]:
 
 _CU_TAG = re.compile(r"^cu(\d{2,3})$")
 _DOTTED = re.compile(r"^(?:cuda)?\s*v?(\d+)\.(\d+)(?:\.(\d+))?$")
-_DRIVER = re.compile(r"(\d+)\.(\d+)(?:\.(\d+))?")
+_DRIVER = re.compile(r"(?<!\d)(\d{1,9})\.(\d{1,9})(?:\.(\d{1,9}))?")
 
 
 def _parse_cuda(cuda: str) -> tuple[int, int, int | None] | None:

@@ -31,6 +31,7 @@ class CommandResult(BaseModel):
     truncated: bool = False
     bytes_seen: int = 0
     duration_s: float = 0.0
+    note: str | None = None  # why, when cudamedic decided it (not started, killed at its timeout)
 
     @property
     def ok(self) -> bool:

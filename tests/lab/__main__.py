@@ -25,10 +25,19 @@ def main(argv: list[str]) -> int:
         return 0
     state = LabState.load(lab_dir())
     if cmd == "env":
-        if state is None:
+        # Read by `eval "$(python -m tests.lab env)"`: a lab that is down must say so on stderr
+        # (an empty eval would leave the shell silently pointed at nothing).
+        if state is None or not state.alive():
+            print(
+                f"cudamedic lab: the lab in {lab_dir()} is down (CUDAMEDIC_LAB_DIR); start it "
+                "with `make lab-up` (or `make demo`) from the project directory",
+                file=sys.stderr,
+            )
             return 1
         print(f"export CUDAMEDIC_CONFIG={state.config}")
         print(f"export DOCKER_HOST={state.engines['gpu'].url}")
+        # The engine without the toolkit's hook (the demo's rolled-back fix runs on it).
+        print(f"export CUDAMEDIC_LAB_PLAIN_DOCKER_HOST={state.engines['plain'].url}")
         return 0
     if state is None:
         print("lab is down")

@@ -253,7 +253,8 @@ def _import_image(engine: EngineInfo, rootfs: bytes) -> None:
 _NVIDIA_SMI = """#!/bin/sh
 # cudamedic lab: replays recorded nvidia-smi output for scenario {scenario}
 D={data}
-[ -f "$D/nvidia-smi.hang" ] && exec sleep 3600
+# A hung nvidia-smi stays an nvidia-smi process (not exec'd away), as on a real host.
+[ -f "$D/nvidia-smi.hang" ] && {{ sleep 3600; exit 1; }}
 rc="$(cat "$D/nvidia-smi.rc" 2>/dev/null || echo 0)"
 case "$*" in
   "-L") f="$D/nvidia-smi-L.txt" ;;
@@ -279,6 +280,49 @@ _ALL_REDUCE = """#!/bin/sh
 D={data}
 sleep "$(cat "$D/nccl-tests.seconds" 2>/dev/null || echo 1)"
 cat "$D/nccl-tests.txt"
+"""
+_DCGMI = """#!/bin/sh
+# cudamedic lab: replays recorded dcgmi output for scenario {scenario}
+D={data}
+case "$*" in
+  "discovery -l") f="$D/dcgmi-discovery.txt" ;;
+  "health -c") f="$D/dcgmi-health.txt" ;;
+  "diag -r "*) f="$D/dcgmi-diag.txt" ;;
+  *) exit 2 ;;
+esac
+[ -f "$f" ] && cat "$f"
+exit 0
+"""
+# A stand-in for NVIDIA's nvidia-bug-report.sh with the real tool's output layout: it writes
+# `nvidia-bug-report.log.gz` (gzip) into the current directory, starting with the tool's
+# prologue, then the sections it appends, each after a line of 44 underscores. Layout, file name
+# and prologue lines from NVIDIA's script (MIT-licensed, driver 5xx): https://github.com/
+# bottlerocket-os/bottlerocket-admin-container/blob/a226b193d441e3aa7ffdd3bca305b5621b1d2d7f/
+# nvidia-bug-report.sh ("Start of NVIDIA bug report log file", BASE_LOG_FILENAME, GZIP_CMD).
+# The one section kept here is the host's kernel log (its replayed dmesg), where the Xids are.
+_BUG_REPORT = """#!/bin/sh
+D={data}
+LOG_FILENAME=nvidia-bug-report.log.gz
+touch $LOG_FILENAME 2> /dev/null || exit 1
+(
+    echo "____________________________________________"
+    echo ""
+    echo "Start of NVIDIA bug report log file.  Please include this file, along"
+    echo "with a detailed description of your problem, when reporting a graphics"
+    echo "driver bug via the NVIDIA Linux forum (see forums.developer.nvidia.com)"
+    echo "or by sending email to 'linux-bugs@nvidia.com'."
+    echo ""
+    echo "nvidia-bug-report.sh Version: cudamedic-lab stand-in"
+    echo ""
+    echo "Date: `date`"
+    echo "uname: `uname -a`"
+    echo "command line flags: $*"
+    echo ""
+    echo "____________________________________________"
+    echo ""
+    cat "$D/dmesg.txt"
+    echo ""
+) | gzip -c > $LOG_FILENAME
 """
 _CAT = """#!/bin/sh
 cat {data}/{file}
@@ -342,6 +386,10 @@ def _scripts(scenario: Scenario) -> dict[str, str]:
     for tool in ("nvidia-ctk", "nvidia-container-toolkit"):
         if f"{tool}.txt" in scenario.files:
             scripts[tool] = _CAT.replace("{file}", f"{tool}.txt")
+    if "nvidia-bug-report" in scenario.literal:  # the driver's bug report tool
+        scripts["nvidia-bug-report.sh"] = _BUG_REPORT
+    if "dcgmi-discovery.txt" in scenario.files:  # NVIDIA DCGM on this host
+        scripts["dcgmi"] = _DCGMI
     if "lsmod.txt" in scenario.files:
         scripts["lsmod"] = _CAT.replace("{file}", "lsmod.txt")
     return scripts

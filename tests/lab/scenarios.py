@@ -48,10 +48,20 @@ SCENARIOS: dict[str, Scenario] = {
             engine="gpu",
             gpus=8,
             tags=("h100", "lab"),
-            files={**_H100, "dmesg.txt": "dmesg/xid79-fallen-off-bus-aer.txt"},
+            files={
+                **_H100,
+                "dmesg.txt": "dmesg/xid79-fallen-off-bus-aer.txt",
+                # NVIDIA DCGM runs here (the other hosts have no dcgmi): recorded outputs of
+                # other machines (each fixture's .source), replayed as this host's; `diag -r N`
+                # replays one recorded Hardware section whatever the level asked.
+                "dcgmi-discovery.txt": "dcgmi/discovery-h100-4gpu-null-names-fragment.txt",
+                "dcgmi-health.txt": "dcgmi/health-l4-power-warning.txt",
+                "dcgmi-diag.txt": "dcgmi/diag-r2-gpu-memory-fail-fragment.txt",
+            },
             # The recording's stamps are moved so its Xid 79 is 5 minutes old at lab-up:
             # inside the sweep's Xid window on any machine, whatever its uptime.
-            literal={"dmesg.recent": "300"},
+            # nvidia-bug-report.sh: a stand-in with the real tool's layout (tests/lab/lab.py)
+            literal={"dmesg.recent": "300", "nvidia-bug-report": "1"},
             planted="gpu-hardware-fault",
         ),
         Scenario(

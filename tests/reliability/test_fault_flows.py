@@ -109,7 +109,18 @@ def test_flow_process_killed_mid_fix_is_crashed_and_a_retry_fixes_once(
 ) -> None:
     shm_container(make_container, container_name, volume)
     data = volume_text(gpu_engine, volume)
-    env = {**env, "CUDAMEDIC_SWEEP_SCHEDULE": "0 0 1 1 *"}
+    # A run started through the API has no up-front approval (`approved_by` counts only for a
+    # run the CLI started in its own process): the served runbook's policy allows the fix.
+    book = (Path(__file__).parents[2] / "runbooks" / "incident.yaml").read_text()
+    (tmp_path / "incident.yaml").write_text(
+        book.replace("unattended: {}", "unattended: {shm-too-small: ['*']}")
+    )
+    env = {
+        **env,
+        "CUDAMEDIC_SWEEP_SCHEDULE": "0 0 1 1 *",
+        "CUDAMEDIC_RUNBOOK": str(tmp_path / "incident.yaml"),
+    }
+    assert subprocess.run([*CLI, "breaker", "reset"], env=env, timeout=120).returncode == 0
     args = [
         "deployment",
         "run",
@@ -118,8 +129,6 @@ def test_flow_process_killed_mid_fix_is_crashed_and_a_retry_fixes_once(
         "target=gpu-healthy",
         "--param",
         f"container={container_name}",
-        "--param",
-        "approved_by=alice",
         "--watch",
     ]
     # The runner's flow processes die (SIGKILL) right after the new container started.
@@ -168,9 +177,15 @@ def test_two_triggers_for_one_host_at_once_fix_it_once(
         for _ in range(2)
     ]
     outs = [p.communicate(timeout=240) for p in procs]
-    for out, err in outs:
-        assert "outcome:" in out and "Traceback" not in err, out + err
-    outcomes = sorted(field(o, "outcome").split(":")[0] for o, _ in outs)
+    codes = [p.returncode for p in procs]
+    outcomes = []
+    for (out, err), code in zip(outs, codes, strict=True):
+        assert "Traceback" not in err, out + err
+        if "outcome:" in out:
+            outcomes.append(field(out, "outcome").split(":")[0])
+        else:  # the later one found the other's fix holding the lock: refused, nothing written
+            assert code == 4 and "refused: another fix of gpu-healthy/" in err, (code, out, err)
+            outcomes.append("locked")
     backups = _backups(gpu_engine, container_name)
     zero(SUITE, "two triggers at once: extra fixes", outcomes.count("fixed") - 1)
     zero(SUITE, "two triggers at once: extra backups", len(backups) - 1)

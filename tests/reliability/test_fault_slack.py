@@ -15,6 +15,7 @@ import pytest
 from prefect import get_client
 
 from flows.slack import deliver, flush_outbox, keep_flushing, waiting
+from reports.slack import mrkdwn
 from runbooks.settings import Settings
 from tests.lab.lab import LabState
 from tests.reliability.figures import record, size, zero
@@ -127,7 +128,8 @@ def test_an_outage_during_a_response_loses_nothing(
     left = len(waiting(s))
     posted = [c["args"]["text"] for c in slack.delivered("chat.postMessage")]
     uploaded = [u.decode() for u in slack.uploads.values()]
-    report_delivered = any(written[0].read_text() == u for u in uploaded)
+    # the file goes in Slack's own markup (reports/slack.mrkdwn), from the report written
+    report_delivered = any(mrkdwn(written[0].read_text()) == u for u in uploaded)
     record(SUITE, "Slack outage during a response: messages kept", kept)
     zero(SUITE, "Slack outage: messages still waiting after it ended", left)
     record(

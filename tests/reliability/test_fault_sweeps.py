@@ -212,7 +212,11 @@ def test_a_host_that_outlasts_the_per_host_timeout_is_abandoned(
     from runbooks.inventory import load_inventory
     from runbooks.runbook import load_runbook
     from runbooks.sweep import check_hosts
+    from tests.test_interruptions import stop_hung
 
+    # an nvidia-smi still hanging there from an earlier test would be reported at once (it is
+    # never joined: runbooks/smi_guard.py); this test needs a host whose check outlasts its time
+    stop_hung(lab, "gpu-hang")
     book = load_runbook(None, "sweep")
     book = book.model_copy(update={"timeouts": book.timeouts.model_copy(update={"collect": 3.0})})
     slow = settings.model_copy(update={"command_timeout": 60.0})
@@ -226,3 +230,4 @@ def test_a_host_that_outlasts_the_per_host_timeout_is_abandoned(
     assert hung.health.error and "per-host timeout (3s)" in hung.health.error
     assert fine.health.error is None
     record(SUITE, "host over its per-host timeout: seconds until abandoned", round(took, 2), "< 5")
+    stop_hung(lab, "gpu-hang")  # ours runs under the host's `timeout` of 58 s: not for later tests
