@@ -87,7 +87,7 @@ def diagnose(
             or _from_model(facts, opinion, errors, common)
             or _from_similar(facts, neighbours, opinion, errors, common)
             or _from_words(facts, thin, opinion, errors, common)
-            or _unknown(facts, errors, common, opinion, _hint(facts, neighbours, thin))
+            or _unknown(facts, errors, common, opinion)
         )
     view = tuple((c, round(p, 3)) for c, p in opinion.ranked[:MODEL_VIEW])
     return diagnosis.model_copy(
@@ -395,15 +395,14 @@ def _from_words_read(words: list[str]) -> str:
     return f", from the words {', '.join(repr(w) for w in words)}" if words else ""
 
 
-def _backing(opinion: Opinion, incident: str) -> tuple[bool, float | None]:
-    """Does a guess (a proposal, the words used) stand, and with what probability from the
-    model? It stands when the model ranks its class among its leading two (AGREE_TOP, at least
-    CANDIDATE_MIN), or when the model has no view (no model, or no words of the incident's own
-    to read: the guess stands alone, as before the model)."""
-    if not opinion.ranked:
-        return True, None
+def _backing(opinion: Opinion, incident: str) -> float | None:
+    """The model's probability of a guess's class (a proposal, the words used) when it ranks it
+    among its leading two (AGREE_TOP, at least CANDIDATE_MIN). The guess stands either way: a
+    model sure of another class has already decided (:func:`_from_model` comes first), and on
+    blind rounds 6 and 7 withholding every guess outside the model's leading two lost four right
+    guesses for one wrong one."""
     p = dict(opinion.leading()[:AGREE_TOP]).get(incident)
-    return (True, p) if p is not None and p >= CANDIDATE_MIN else (False, None)
+    return p if p is not None and p >= CANDIDATE_MIN else None
 
 
 def _backed(p: float | None) -> str:
@@ -419,15 +418,13 @@ def _from_similar(
     errors: list[Line],
     common: dict[str, object],
 ) -> Diagnosis | None:
-    """A proposal from the most similar known incidents (only when there was text), unless the
-    learned model read the incident and does not back it (see :func:`_backing`)."""
+    """A proposal from the most similar known incidents (only when there was text), with the
+    learned model's probability of it when it ranks it among its leading two."""
     proposal = propose(neighbours) if facts.text_bytes else None
     if proposal is None:
         return None
     incident, confidence = proposal
-    stands, p = _backing(opinion, incident)
-    if not stands:
-        return None
+    p = _backing(opinion, incident)
     first = neighbours[0][0]
     return Diagnosis(
         incident=incident,
@@ -450,15 +447,13 @@ def _last_errors(facts: Facts, errors: list[Line]) -> tuple[Line, ...]:
 def _from_words(
     facts: Facts, thin: bool, opinion: Opinion, errors: list[Line], common: dict[str, object]
 ) -> Diagnosis | None:
-    """A guess from the class vocabulary the evidence uses (see :func:`word_guess`), unless the
-    learned model read the incident and does not back it (see :func:`_backing`)."""
+    """A guess from the class vocabulary the evidence uses (see :func:`word_guess`), with the
+    learned model's probability of it when it ranks it among its leading two."""
     guess = word_guess(facts, thin)
     if guess is None:
         return None
     incident, words = guess
-    stands, p = _backing(opinion, incident)
-    if not stands:
-        return None
+    p = _backing(opinion, incident)
     return Diagnosis(
         incident=incident,
         confidence=WORD_GUESS_CONFIDENCE if p is None else round(p, 2),
@@ -471,41 +466,19 @@ def _from_words(
     )
 
 
-def _hint(
-    facts: Facts, neighbours: list[tuple[KnownIncident, float]], thin: bool
-) -> tuple[str, str] | None:
-    """The class the similar incidents or the words used put forward (the model did not back
-    it: it is a candidate, not an answer)."""
-    proposal = propose(neighbours) if facts.text_bytes else None
-    if proposal is not None and proposal[0] != Incident.UNKNOWN:
-        return proposal[0], "similar incidents"
-    guess = word_guess(facts, thin)
-    return (guess[0], "words used") if guess is not None else None
-
-
 def _unknown(
     facts: Facts,
     errors: list[Line],
     common: dict[str, object],
     opinion: Opinion,
-    hint: tuple[str, str] | None = None,
 ) -> Diagnosis:
     """`unknown`, saying whether the evidence was about the GPUs at all (else confidence 0);
-    with relevant evidence, two candidate causes (the model's leading two, or what the similar
-    incidents or the words used put forward and the model's first) and the check between them."""
+    with relevant evidence, two candidate causes (the model's leading two) and the check between
+    them."""
     evidence = _last_errors(facts, errors)
     relevant = bool(evidence) or has_gpu_evidence(facts) or _kernel_gpu_lines(facts)
     none_of_them = _sure_of_none(opinion)
-    lead = opinion.leading()[:2] if (relevant or hint) and none_of_them is None else []
-    if hint is not None and lead:
-        other = next(((c, p) for c, p in lead if c != hint[0]), None)
-        if other is not None:
-            return _undecided(
-                hint, (other[0], "learned model"), opinion,
-                f"the {hint[1]} point to {hint[0]}, the learned model ranks {other[0]} higher "
-                f"({other[1]:.2f}) and is sure of neither",
-                evidence=evidence, matches=(), common=common,
-            )  # fmt: skip
+    lead = opinion.leading()[:2] if relevant and none_of_them is None else []
     if len(lead) == 2 and lead[0][1] >= CANDIDATE_MIN:
         (a, pa), (b, pb) = lead
         return _undecided(
