@@ -326,10 +326,12 @@ def classify_held_out(
     counts: Counts | None = None,
     fitted: dict[frozenset[int], Model] | None = None,
 ) -> HeldOut:
-    """Diagnose every case with what it was held out of: the model retrained without its fold
-    (calibration and threshold as packaged), the similar-incident index without its fold's cases.
+    """Diagnose every case with what it was held out of: the similar-incident index without the
+    cases of its fold in `folds` (one case: leave-one-out; its repository or site:
+    leave-one-repository-out), and the model of the grouped fold (FOLDS folds by repository or
+    site, calibration and threshold as packaged) that never saw the case's repository or site.
     `learned=False`: rules and similar incidents alone (the classifier before the model).
-    `fitted` caches fold models by held-out rows (a LORO fold of one case is its LOO fold)."""
+    `fitted` caches the fold models by held-out rows."""
     from threadpoolctl import threadpool_limits
 
     from runbooks.classify import diagnose
@@ -342,24 +344,25 @@ def classify_held_out(
     labels = [c.label for c in cases]
     counts = counts or Counts([c.text for c in cases])
     fitted = {} if fitted is None else fitted
-    index = index_for(None)
     everyone = np.arange(len(cases))
-    diagnoses: list[Any] = [None] * len(cases)
+    models: list[Model | None] = [None] * len(cases)
     first: list[tuple[str, float]] = [("", 0.0)] * len(cases)
     with threadpool_limits(1):
-        for test in folds:
-            model = None
-            if learned:
+        if learned:
+            for test in grouped_folds([c.group for c in cases]):
                 key = frozenset(int(i) for i in test)
                 if key not in fitted:
                     arrays = fit(counts, np.setdiff1d(everyone, test), labels)
                     fitted[key] = to_model(arrays, temperature, threshold)
-                model = fitted[key]
+                for i in test:
+                    models[i] = fitted[key]
+                    first[i] = (fitted[key].rank(cases[i].text) or [("", 0.0)])[0]
+        index = index_for(None)
+        diagnoses: list[Any] = [None] * len(cases)
+        for test in folds:
             names = {cases[i].name for i in test}
             for i in test:
-                diagnoses[i] = diagnose(cases[i].facts, index=index, exclude=names, model=model)
-                if model is not None:
-                    first[i] = (model.rank(cases[i].text) or [("", 0.0)])[0]
+                diagnoses[i] = diagnose(cases[i].facts, index=index, exclude=names, model=models[i])
     return HeldOut(diagnoses, first)
 
 

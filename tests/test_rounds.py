@@ -1,7 +1,8 @@
-"""Blind rounds 6 and 7 (tests/rounds/): 132 real incidents from public threads, gathered without
-looking at the classifier, scored first pass on 2026-12-04 and recorded in docs/accuracy.md and
-docs/accuracy-rounds.tsv. They are not yet in tests/corpus (the similar-incident index and the
-95 % corpus figure): their families have not been generalised yet (issue 31).
+"""The last blind rounds (tests/rounds/round12, round13): real incidents from public threads,
+gathered and second-read without looking at the classifier, scored first pass once with the
+classifier of the commit that added them (docs/accuracy-rounds.tsv, docs/accuracy.md). They are
+kept out of tests/corpus (the similar-incident index and the learned model never saw them) as the
+held-out measure of what the next change does on incidents nobody tuned for.
 
 Each case is well formed and sourced, no source repeats the corpus or another case, and the
 classifier never does worse on a round than its recorded first pass (a regression guard; the
@@ -20,7 +21,8 @@ from runbooks.taxonomy import Incident
 
 ROUNDS = Path(__file__).parent / "rounds"
 CORPUS = Path(__file__).parent / "corpus"
-FIRST_PASS = {6: 47, 7: 45}  # right of 66, first pass (docs/accuracy.md)
+# right (of the round's cases), first pass (docs/accuracy-rounds.tsv)
+FIRST_PASS: dict[int, int] = {}
 CASES = sorted(p for p in ROUNDS.glob("round*/*") if (p / "case.yaml").exists())
 FIGURES: dict[int, tuple[int, int]] = {}
 
@@ -46,7 +48,9 @@ def test_the_rounds_are_well_formed_sourced_and_new() -> None:
         assert isinstance(data.get("thin"), bool) and isinstance(data.get("hard"), bool)
         assert source not in corpus_sources and source not in seen, case.name
         seen.add(source)
-    assert len(CASES) == 132
+    rounds = {int(c.parent.name.removeprefix("round")) for c in CASES}
+    assert rounds == set(FIRST_PASS)
+    assert all(sum(c.parent.name == f"round{r}" for c in CASES) >= 60 for r in rounds)
 
 
 @pytest.mark.parametrize("round_", sorted(FIRST_PASS))
