@@ -61,6 +61,10 @@ EXPLAINED = {
     "invalid-device-ordinal--vitis-ai-tf2-docker-gpu-1-cuda-error-no-device": "live is closer: "
     "`unknown` between gpu-not-requested (the message) and invalid-device-ordinal (the model, "
     "the thread's conclusion); offline the pasted line alone says gpu-not-requested",
+    "cpu-only-build--pii-image-cpu-wheel-despite-nvidia-runtime": "live is closer: `unknown` "
+    "between gpu-not-requested (the message) and cpu-only-build (the model, the thread's "
+    "conclusion: a CPU wheel in a container given its GPU); offline the pasted line alone says "
+    "gpu-not-requested",
 }
 
 
