@@ -273,9 +273,9 @@ def test_every_diagnosis_cites_similar_known_incidents_with_their_threads() -> N
 
 
 def test_incidents_of_another_cause_come_after_same_cause_ones_and_are_marked() -> None:
-    """The closest threads of a 1080 Ti whose PyTorch needs compute capability 7.0 are a
-    hardware fault and an ordinal: cited after the same-cause ones, and marked."""
-    case = CORPUS / "arch-unsupported--comfyui-nvidia-docker-1080ti-sm61-torch-min-cc70"
+    """The closest threads of a Tesla K40m (compute capability 3.5) under a Triton build that
+    needs more include other causes: cited after the same-cause ones, and marked."""
+    case = CORPUS / "arch-unsupported--fauxpilot-triton-container-tesla-k40m-cc35"
     d = classify_path(case, exclude={case.name})
     assert d.incident == "arch-unsupported"
     order = [s.same_cause for s in d.similar]

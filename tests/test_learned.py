@@ -92,10 +92,11 @@ def test_a_wording_no_rule_knows_is_named_by_a_model_that_never_saw_its_reposito
 
 
 def test_undecided_names_two_candidates_and_the_check_between_them(held_out: Trainer) -> None:
-    """A healthy host whose only text is TensorRT warnings: the model leans to a class but is not
-    sure, so the answer is `unknown` with its two leading causes, their probabilities and the
-    check that tells them apart, in the CLI text, --json, Slack `why` and the post-mortem."""
-    case, model = held_out("healthy--deepo-tf-import-libnvinfer-tensorrt-warnings-only")
+    """A JAX import that takes 18 GB of GPU memory (its default preallocation: nothing wrong):
+    the model leans to a class but is not sure, so the answer is `unknown` with its two leading
+    causes, their probabilities and the check that tells them apart, in the CLI text, --json,
+    Slack `why` and the post-mortem."""
+    case, model = held_out("healthy--nemos-jax-import-uses-18gb-preallocation-not-a-real-issue")
     d = _diagnose(case, model)
     assert d.incident == "unknown" and d.basis == "model", render_text(d)
     first, second = d.candidates
