@@ -22,7 +22,7 @@ from runbooks.taxonomy import Incident
 ROUNDS = Path(__file__).parent / "rounds"
 CORPUS = Path(__file__).parent / "corpus"
 # right (of the round's cases), first pass (docs/accuracy-rounds.tsv)
-FIRST_PASS: dict[int, int] = {}
+FIRST_PASS: dict[int, int] = {12: 48, 13: 53}
 CASES = sorted(p for p in ROUNDS.glob("round*/*") if (p / "case.yaml").exists())
 FIGURES: dict[int, tuple[int, int]] = {}
 
