@@ -23,7 +23,7 @@ from typing import Any
 from runbooks import __version__, names
 from runbooks.bundle import BundleMeta, SourceResult, dumps_json, in_layout
 from runbooks.errors import ContainerNotFound, CudamedicError, InputError, TargetError
-from runbooks.evidence.docker_inspect import facts_from_dict
+from runbooks.evidence.docker_inspect import docker_time, facts_from_dict
 from runbooks.evidence.nvidia_smi import parse_nvidia_smi
 from runbooks.model import Finding
 from runbooks.private import private_dir, write_private
@@ -226,10 +226,12 @@ def _select_containers(engine: DockerEngine, writer: _Writer) -> list[str]:
             continue
         if not facts.wants_gpu or names.is_backup(facts.name or ""):
             continue  # cudamedic's own stopped backups are not workloads
+        exited = docker_time(facts.finished_at)
         recent_failure = (
             not facts.running
             and (facts.exit_code or 0) != 0
-            and now - _parse_time(facts.finished_at) < _RECENT_EXIT_S
+            and exited is not None
+            and now - exited.timestamp() < _RECENT_EXIT_S
         )
         if facts.running or recent_failure:
             chosen.append(_safe_name(facts.name, cid, writer))
@@ -254,13 +256,6 @@ def _safe_name(name: str | None, cid: str, writer: _Writer) -> str:
         )
     )
     return short
-
-
-def _parse_time(value: str) -> float:
-    try:
-        return datetime.fromisoformat(value[:26].rstrip("Z")).replace(tzinfo=UTC).timestamp()
-    except ValueError:
-        return 0.0
 
 
 def _collect_container(

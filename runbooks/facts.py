@@ -9,7 +9,7 @@ scanned for signatures and Python exceptions; ``containers/train.inspect.json`` 
 from __future__ import annotations
 
 import math
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Literal, NamedTuple
 
 from pydantic import BaseModel, ConfigDict
@@ -24,7 +24,13 @@ from runbooks.evidence.dcgmi import (
     parse_dcgmi_health,
 )
 from runbooks.evidence.dmesg import KernelLogFacts, parse_kernel_log
-from runbooks.evidence.docker_inspect import ImageNow, InspectFacts, parse_image_now, parse_inspect
+from runbooks.evidence.docker_inspect import (
+    ImageNow,
+    InspectFacts,
+    docker_time,
+    parse_image_now,
+    parse_inspect,
+)
 from runbooks.evidence.nccl_tests import NcclTestFacts, parse_nccl_tests
 from runbooks.evidence.nvidia_smi import (
     SmiFacts,
@@ -134,8 +140,8 @@ class Facts(BaseModel):
         ends = []
         for c in self.containers.values():
             if c.inspect and c.inspect.finished_at and not c.inspect.running:
-                parsed = _parse_time(c.inspect.finished_at)
-                if parsed and parsed.year > 1:
+                parsed = docker_time(c.inspect.finished_at)
+                if parsed is not None:
                     ends.append(parsed)
         return max(ends) if ends else self.collected_at
 
@@ -145,8 +151,8 @@ class Facts(BaseModel):
             t
             for c in self.containers.values()
             if c.inspect and c.inspect.started_at
-            for t in [_parse_time(c.inspect.started_at)]
-            if t and t.year > 1
+            for t in [docker_time(c.inspect.started_at)]
+            if t is not None
         ]
         return min(starts) if starts else None
 
@@ -160,20 +166,6 @@ def parse_uptime(text: str | None) -> float | None:
     except (ValueError, IndexError):
         return None
     return seconds if math.isfinite(seconds) and seconds >= 0 else None  # 'nan', '-5': not one
-
-
-def _parse_time(value: str) -> datetime | None:
-    text = value.strip().replace("Z", "+00:00")
-    if "." in text:  # Docker prints nanoseconds; Python takes at most microseconds
-        head, _, rest = text.partition(".")
-        digits = "".join(ch for ch in rest if ch.isdigit())
-        tz = rest[len(digits) :]
-        text = f"{head}.{digits[:6]}{tz}"
-    try:
-        parsed = datetime.fromisoformat(text)
-    except ValueError:
-        return None
-    return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
 
 
 SALIENT_TAIL_BYTES = 1 << 20  # similar-incident search reads at most the newest 1 MiB of a log
