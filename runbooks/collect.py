@@ -118,6 +118,28 @@ def _result_from_command(
     )
 
 
+def _ok(
+    name: str,
+    rel: str,
+    start: float,
+    *,
+    truncated: bool = False,
+    bytes_seen: int = 0,
+    note: str | None = None,
+) -> SourceResult:
+    """A source read through the Docker API and written to `rel`, timed from `start`
+    (`time.monotonic()`)."""
+    return SourceResult(
+        name=name,
+        path=rel,
+        status="ok",
+        duration_s=round(time.monotonic() - start, 3),
+        truncated=truncated,
+        bytes_seen=bytes_seen,
+        note=note,
+    )
+
+
 def _run_host_source(
     runner: CommandRunner, src: HostSource, settings: Settings, writer: _Writer
 ) -> None:
@@ -294,14 +316,7 @@ def _collect_inspect(
         return None
     rel = f"containers/{name}.inspect.json"
     writer.json(rel, inspect)
-    writer.add(
-        SourceResult(
-            name=f"{name}:inspect",
-            path=rel,
-            status="ok",
-            duration_s=round(time.monotonic() - start, 3),
-        )
-    )
+    writer.add(_ok(f"{name}:inspect", rel, start))
     return inspect
 
 
@@ -325,14 +340,7 @@ def _collect_image_now(
         writer.add(SourceResult(name=f"{name}:image", status="error", error=str(exc)))
         return
     writer.json(rel, now)
-    writer.add(
-        SourceResult(
-            name=f"{name}:image",
-            path=rel,
-            status="ok",
-            duration_s=round(time.monotonic() - start, 3),
-        )
-    )
+    writer.add(_ok(f"{name}:image", rel, start))
 
 
 def _collect_log(
@@ -352,20 +360,15 @@ def _collect_log(
         writer.add(SourceResult(name=f"{name}:log", status="error", error=str(exc)))
         return
     writer.text(rel, data)
+    bounded = f"tail of {settings.log_tail_lines} lines; bounded to {settings.log_tail_bytes} bytes"
     writer.add(
-        SourceResult(
-            name=f"{name}:log",
-            path=rel,
-            status="ok",
+        _ok(
+            f"{name}:log",
+            rel,
+            start,
             truncated=truncated,
             bytes_seen=seen,
-            duration_s=round(time.monotonic() - start, 3),
-            note=(
-                f"tail of {settings.log_tail_lines} lines; bounded to "
-                f"{settings.log_tail_bytes} bytes"
-                if truncated
-                else None
-            ),
+            note=bounded if truncated else None,
         )
     )
     if truncated:
@@ -603,14 +606,7 @@ def _collect_docker(
     start = time.monotonic()
     try:
         writer.json("docker-info.json", engine.info())
-        writer.add(
-            SourceResult(
-                name="docker-info",
-                path="docker-info.json",
-                status="ok",
-                duration_s=round(time.monotonic() - start, 3),
-            )
-        )
+        writer.add(_ok("docker-info", "docker-info.json", start))
     except CudamedicError as exc:
         writer.add(SourceResult(name="docker-info", status="error", error=str(exc)))
         return
