@@ -9,6 +9,7 @@ scanned for signatures and Python exceptions; ``containers/train.inspect.json`` 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from datetime import datetime
 from typing import Literal, NamedTuple
 
@@ -128,9 +129,17 @@ class Facts(BaseModel):
     @property
     def host_gpu_count(self) -> int:
         """GPUs the host's nvidia-smi (table, else XML) lists."""
-        if self.smi is not None and self.smi.gpus:
+        return self.gpus_listed()
+
+    def gpus_listed(self, whole: Callable[[str], bool] | None = None) -> int:
+        """GPUs the host's nvidia-smi lists: the table, else the XML. With `whole` (a bundle
+        source name -> whether its output came back whole), only a whole output is counted: a
+        connection dropped in the middle of the table lists the GPUs before the cut."""
+        if self.smi is not None and self.smi.gpus and (whole is None or whole("nvidia-smi")):
             return len(self.smi.gpus)
-        if self.smi_xml is not None:
+        if self.smi_xml is not None and (
+            whole is None or (whole("nvidia-smi-xml") and not self.smi_xml.truncated)
+        ):
             return len(self.smi_xml.gpus)
         return 0
 
