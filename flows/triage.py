@@ -245,7 +245,6 @@ def answer(run_id: str, decision: str, by: str, reason: str = "", proof: str = "
     return f"{decision} sent to flow run {run_id} by {by}"
 
 
-VERDICT_WAIT_S = 60.0  # a live flow takes an answer within seconds (it polls every 2 s)
 RESUME_WAIT_S = 300.0  # a suspended one: a worker takes it and collects evidence first
 
 
@@ -258,9 +257,7 @@ def queued(run_id: str) -> bool:
     return state is not None and (state.is_scheduled() or state.is_pending())
 
 
-def verdict(
-    run_id: str, by: str, since: datetime, timeout: float = VERDICT_WAIT_S
-) -> dict[str, Any] | None:
+def verdict(run_id: str, by: str, since: datetime, timeout: float) -> dict[str, Any] | None:
     """The flow's audit record of its judgement of `by`'s answer sent at `since` (the event
     `cudamedic.approval.approved|rejected|refused`); None when none came within `timeout`."""
     from runbooks.audit import PREFIX, read

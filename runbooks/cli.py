@@ -521,7 +521,7 @@ def cmd_approve(args: argparse.Namespace) -> int:
         ) from None
     settings = _settings(args)
     _prefect(args, settings)
-    from flows.triage import RESUME_WAIT_S, VERDICT_WAIT_S, acted_since, answer, queued, verdict
+    from flows.triage import RESUME_WAIT_S, acted_since, answer, queued, verdict
     from runbooks.approvals import answer_proof
 
     decision, by = ("reject" if args.reject else "approve"), cli_claim(settings)
@@ -534,7 +534,7 @@ def cmd_approve(args: argparse.Namespace) -> int:
     print(answer(args.run_id, decision, by, args.reason or "", proof))
     # a suspended run (a worker's) is scheduled again: a worker takes it and collects first
     suspended = queued(args.run_id)
-    judged = verdict(args.run_id, by, sent, RESUME_WAIT_S if suspended else VERDICT_WAIT_S)
+    judged = verdict(args.run_id, by, sent, RESUME_WAIT_S if suspended else settings.approve_wait_s)
     if judged is None and acted_since(args.run_id, asked):
         print(
             "the flow took the answer; its verdict is not in the audit trail yet: `cudamedic audit`"
@@ -550,8 +550,8 @@ def cmd_approve(args: argparse.Namespace) -> int:
     if judged is None:
         print(
             f"cudamedic: flow run {args.run_id} did not take the answer within "
-            f"{VERDICT_WAIT_S:g} s: the process that ran it is gone (interrupted or killed), "
-            "so it can no longer act. Respond again with `cudamedic triage`.",
+            f"{settings.approve_wait_s:g} s: the process that ran it is gone (interrupted or "
+            "killed), so it can no longer act. Respond again with `cudamedic triage`.",
             file=sys.stderr,
         )
         return EXIT_FAILED

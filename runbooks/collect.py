@@ -23,7 +23,7 @@ from typing import Any
 from runbooks import __version__, names
 from runbooks.bundle import BundleMeta, SourceResult, dumps_json, in_layout
 from runbooks.errors import ContainerNotFound, CudamedicError, InputError, TargetError
-from runbooks.evidence.docker_inspect import facts_from_dict
+from runbooks.evidence.docker_inspect import docker_time, facts_from_dict
 from runbooks.evidence.nvidia_smi import parse_nvidia_smi
 from runbooks.model import Finding
 from runbooks.private import private_dir, write_private
@@ -115,6 +115,28 @@ def _result_from_command(
         note=note,
         truncated=res.truncated,
         bytes_seen=res.bytes_seen,
+    )
+
+
+def _ok(
+    name: str,
+    rel: str,
+    start: float,
+    *,
+    truncated: bool = False,
+    bytes_seen: int = 0,
+    note: str | None = None,
+) -> SourceResult:
+    """A source read through the Docker API and written to `rel`, timed from `start`
+    (`time.monotonic()`)."""
+    return SourceResult(
+        name=name,
+        path=rel,
+        status="ok",
+        duration_s=round(time.monotonic() - start, 3),
+        truncated=truncated,
+        bytes_seen=bytes_seen,
+        note=note,
     )
 
 
@@ -226,10 +248,12 @@ def _select_containers(engine: DockerEngine, writer: _Writer) -> list[str]:
             continue
         if not facts.wants_gpu or names.is_backup(facts.name or ""):
             continue  # cudamedic's own stopped backups are not workloads
+        exited = docker_time(facts.finished_at)
         recent_failure = (
             not facts.running
             and (facts.exit_code or 0) != 0
-            and now - _parse_time(facts.finished_at) < _RECENT_EXIT_S
+            and exited is not None
+            and now - exited.timestamp() < _RECENT_EXIT_S
         )
         if facts.running or recent_failure:
             chosen.append(_safe_name(facts.name, cid, writer))
@@ -254,13 +278,6 @@ def _safe_name(name: str | None, cid: str, writer: _Writer) -> str:
         )
     )
     return short
-
-
-def _parse_time(value: str) -> float:
-    try:
-        return datetime.fromisoformat(value[:26].rstrip("Z")).replace(tzinfo=UTC).timestamp()
-    except ValueError:
-        return 0.0
 
 
 def _collect_container(
@@ -299,14 +316,7 @@ def _collect_inspect(
         return None
     rel = f"containers/{name}.inspect.json"
     writer.json(rel, inspect)
-    writer.add(
-        SourceResult(
-            name=f"{name}:inspect",
-            path=rel,
-            status="ok",
-            duration_s=round(time.monotonic() - start, 3),
-        )
-    )
+    writer.add(_ok(f"{name}:inspect", rel, start))
     return inspect
 
 
@@ -330,14 +340,7 @@ def _collect_image_now(
         writer.add(SourceResult(name=f"{name}:image", status="error", error=str(exc)))
         return
     writer.json(rel, now)
-    writer.add(
-        SourceResult(
-            name=f"{name}:image",
-            path=rel,
-            status="ok",
-            duration_s=round(time.monotonic() - start, 3),
-        )
-    )
+    writer.add(_ok(f"{name}:image", rel, start))
 
 
 def _collect_log(
@@ -357,20 +360,15 @@ def _collect_log(
         writer.add(SourceResult(name=f"{name}:log", status="error", error=str(exc)))
         return
     writer.text(rel, data)
+    bounded = f"tail of {settings.log_tail_lines} lines; bounded to {settings.log_tail_bytes} bytes"
     writer.add(
-        SourceResult(
-            name=f"{name}:log",
-            path=rel,
-            status="ok",
+        _ok(
+            f"{name}:log",
+            rel,
+            start,
             truncated=truncated,
             bytes_seen=seen,
-            duration_s=round(time.monotonic() - start, 3),
-            note=(
-                f"tail of {settings.log_tail_lines} lines; bounded to "
-                f"{settings.log_tail_bytes} bytes"
-                if truncated
-                else None
-            ),
+            note=bounded if truncated else None,
         )
     )
     if truncated:
@@ -608,14 +606,7 @@ def _collect_docker(
     start = time.monotonic()
     try:
         writer.json("docker-info.json", engine.info())
-        writer.add(
-            SourceResult(
-                name="docker-info",
-                path="docker-info.json",
-                status="ok",
-                duration_s=round(time.monotonic() - start, 3),
-            )
-        )
+        writer.add(_ok("docker-info", "docker-info.json", start))
     except CudamedicError as exc:
         writer.add(SourceResult(name="docker-info", status="error", error=str(exc)))
         return

@@ -9,7 +9,8 @@ scanned for signatures and Python exceptions; ``containers/train.inspect.json`` 
 from __future__ import annotations
 
 import math
-from datetime import UTC, datetime
+from collections.abc import Callable
+from datetime import datetime
 from typing import Literal, NamedTuple
 
 from pydantic import BaseModel, ConfigDict
@@ -24,7 +25,13 @@ from runbooks.evidence.dcgmi import (
     parse_dcgmi_health,
 )
 from runbooks.evidence.dmesg import KernelLogFacts, parse_kernel_log
-from runbooks.evidence.docker_inspect import ImageNow, InspectFacts, parse_image_now, parse_inspect
+from runbooks.evidence.docker_inspect import (
+    ImageNow,
+    InspectFacts,
+    docker_time,
+    parse_image_now,
+    parse_inspect,
+)
 from runbooks.evidence.nccl_tests import NcclTestFacts, parse_nccl_tests
 from runbooks.evidence.nvidia_smi import (
     SmiFacts,
@@ -127,9 +134,17 @@ class Facts(BaseModel):
     @property
     def host_gpu_count(self) -> int:
         """GPUs the host's nvidia-smi (table, else XML) lists."""
-        if self.smi is not None and self.smi.gpus:
+        return self.gpus_listed()
+
+    def gpus_listed(self, whole: Callable[[str], bool] | None = None) -> int:
+        """GPUs the host's nvidia-smi lists: the table, else the XML. With `whole` (a bundle
+        source name -> whether its output came back whole), only a whole output is counted: a
+        connection dropped in the middle of the table lists the GPUs before the cut."""
+        if self.smi is not None and self.smi.gpus and (whole is None or whole("nvidia-smi")):
             return len(self.smi.gpus)
-        if self.smi_xml is not None:
+        if self.smi_xml is not None and (
+            whole is None or (whole("nvidia-smi-xml") and not self.smi_xml.truncated)
+        ):
             return len(self.smi_xml.gpus)
         return 0
 
@@ -139,8 +154,8 @@ class Facts(BaseModel):
         ends = []
         for c in self.containers.values():
             if c.inspect and c.inspect.finished_at and not c.inspect.running:
-                parsed = _parse_time(c.inspect.finished_at)
-                if parsed and parsed.year > 1:
+                parsed = docker_time(c.inspect.finished_at)
+                if parsed is not None:
                     ends.append(parsed)
         return max(ends) if ends else self.collected_at
 
@@ -150,8 +165,8 @@ class Facts(BaseModel):
             t
             for c in self.containers.values()
             if c.inspect and c.inspect.started_at
-            for t in [_parse_time(c.inspect.started_at)]
-            if t and t.year > 1
+            for t in [docker_time(c.inspect.started_at)]
+            if t is not None
         ]
         return min(starts) if starts else None
 
@@ -165,20 +180,6 @@ def parse_uptime(text: str | None) -> float | None:
     except (ValueError, IndexError):
         return None
     return seconds if math.isfinite(seconds) and seconds >= 0 else None  # 'nan', '-5': not one
-
-
-def _parse_time(value: str) -> datetime | None:
-    text = value.strip().replace("Z", "+00:00")
-    if "." in text:  # Docker prints nanoseconds; Python takes at most microseconds
-        head, _, rest = text.partition(".")
-        digits = "".join(ch for ch in rest if ch.isdigit())
-        tz = rest[len(digits) :]
-        text = f"{head}.{digits[:6]}{tz}"
-    try:
-        parsed = datetime.fromisoformat(text)
-    except ValueError:
-        return None
-    return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
 
 
 SALIENT_TAIL_BYTES = 1 << 20  # similar-incident search reads at most the newest 1 MiB of a log

@@ -18,8 +18,8 @@ from runbooks import fixlock
 from runbooks.classify import classify_path
 from runbooks.collect import collect, engine_session, missing_container
 from runbooks.errors import CudamedicError, FixError, FixLocked, NoSuchContainer
+from runbooks.evidence.docker_inspect import docker_time
 from runbooks.fixes import plan_fix
-from runbooks.fixlock import docker_time
 from runbooks.journal import Journal, applied_within, audit, container_lock, now, who
 from runbooks.model import Diagnosis, FixPlan, Frozen
 from runbooks.names import container_name

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from runbooks.errors import ContainerNotFound, EngineError, FixError, FixLocked
+from runbooks.evidence.docker_inspect import docker_time
 from runbooks.journal import who
 from runbooks.model import Frozen
 from runbooks.names import FIX_LOCK_SUFFIX
@@ -163,17 +164,6 @@ def _lease(value: object) -> float:
     except ValueError:
         return 0.0
     return min(max(seconds, 0.0), 86400.0) if math.isfinite(seconds) else 0.0
-
-
-def docker_time(value: object) -> datetime | None:
-    """A Docker timestamp (RFC 3339 with nanoseconds); None for the zero time or garbage."""
-    if not isinstance(value, str) or value.startswith("0001-"):
-        return None
-    text = re.sub(r"(\.\d{6})\d+", r"\1", value).replace("Z", "+00:00")
-    try:
-        return datetime.fromisoformat(text)
-    except ValueError:
-        return None
 
 
 def lease_ends(lock: Lock) -> datetime:

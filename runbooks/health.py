@@ -275,16 +275,9 @@ def _driver(facts: Facts, status: Mapping[str, str]) -> list[HealthFinding]:
 
 
 def _gpu_count(facts: Facts, expected: int | None, status: dict[str, str]) -> list[HealthFinding]:
-    """Fewer GPUs than the inventory says, counted from an output that came back whole: the
-    table, else the XML. A connection that drops in the middle of the table (a failed source)
-    lists the GPUs before the cut, which is no evidence of a missing one."""
-    whole = ("ok", None)
-    if facts.smi is not None and facts.smi.gpus and status.get("nvidia-smi") in whole:
-        seen = len(facts.smi.gpus)
-    elif facts.smi_xml is not None and not facts.smi_xml.truncated:
-        seen = len(facts.smi_xml.gpus) if status.get("nvidia-smi-xml") in whole else 0
-    else:
-        seen = 0
+    """Fewer GPUs than the inventory says, counted from an output that came back whole (a
+    source that failed in the middle is no evidence of a missing GPU)."""
+    seen = facts.gpus_listed(lambda source: status.get(source) in ("ok", None))
     if expected is None or seen == 0 or seen >= expected:
         return []  # seen == 0 is the driver finding's business
     return [

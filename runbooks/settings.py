@@ -96,6 +96,10 @@ class Settings(BaseSettings):
     # people run it through sudo). It signs what they vouch for: an OS user's answer, an alert's
     # or a sweep's start. Without it such answers and starts are only claimed.
     approval_key: SecretStr | None = None
+    # How long `cudamedic approve` waits for a run whose process waits (a triage's, `serve`'s)
+    # to take the answer and say its verdict; such a run takes it within seconds (it polls
+    # every 2 s), so none by then means its process is gone.
+    approve_wait_s: float = Field(default=60.0, gt=0)
     # Where a waiting approval is announced (flows/announce.py), whoever started the response:
     # a Slack channel of approvers (needs slack_bot_token) and/or a plain JSON webhook.
     slack_approvals_channel: str | None = Field(default=None, pattern=r"^[A-Z0-9]{2,40}$")

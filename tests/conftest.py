@@ -42,6 +42,9 @@ os.environ.update(
         "PREFECT_HOME": str(PREFECT_TEST_HOME),
         "PREFECT_LOCAL_STORAGE_PATH": str(PREFECT_TEST_HOME / "storage"),
         "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+        # A lock lease that ends (its holder died) is revoked within 1 s, not 15 (the servers the
+        # tests start: the lease itself is the product's, e.g. the host lock's 60 s)
+        "PREFECT_SERVER_SERVICES_REPOSSESSOR_LOOP_SECONDS": "1",
         # Step logs reach the API at INFO (the UI), the terminal shows warnings only.
         "PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL": "WARNING",
     }

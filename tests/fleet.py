@@ -21,6 +21,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -330,10 +331,12 @@ def pause_schedules(deployment: str) -> None:
 
 
 def taken(log: str) -> list[str]:
-    """The flow runs a worker's log says it submitted and did not leave to another worker."""
-    aborted = set(re.findall(r"Aborted submission of flow run '([0-9a-f-]{36})'", log))
+    """The flow runs a worker's log says it submitted and did not leave to another worker: more
+    submissions than aborted ones (a worker that lost the race for a run once may take it later,
+    when the run is scheduled again)."""
+    aborted = Counter(re.findall(r"Aborted submission of flow run '([0-9a-f-]{36})'", log))
     submitted = re.findall(r"submitting flow run '([0-9a-f-]{36})'", log)
-    return [r for r in dict.fromkeys(submitted) if r not in aborted]
+    return [r for r, n in Counter(submitted).items() if n > aborted[r]]
 
 
 def flow_name(run_id: str) -> str:

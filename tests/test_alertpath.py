@@ -49,7 +49,7 @@ ALERT_TOKEN = secrets.token_hex(16)
 APPROVAL_KEY = secrets.token_hex(16)
 WEBHOOK_TOKEN = secrets.token_hex(8)
 CHANNEL = "C0APPROVALS"
-APPROVAL_S = 180  # the runbook's approval timeout in this module
+APPROVAL_S = 90  # the runbook's approval timeout in this module
 
 
 class Webhook:
@@ -295,6 +295,28 @@ def test_a_waiting_approval_reaches_people_and_outlives_its_worker(
     first, second = runs
     for run_id in runs:
         wait_state(pool, run_id, "Suspended")
+    # Waiting holds no process: each run's process exits once it has suspended (a few seconds
+    # after the state is set: it flushes its logs and events first).
+    deadline = time.monotonic() + 60
+    while _processes_of(runs) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not _processes_of(runs), _processes_of(runs)
+
+    # The worker that ran the first stops on SIGTERM (what `systemctl stop` sends) at once.
+    took = {w: taken(pool.logs[w].read_bytes()[marks[w] :].decode(errors="replace")) for w in marks}
+    (ran_it,) = [w for w, ids in took.items() if first in ids]
+    other = next(w for w in ("w1", "w2") if w != ran_it)
+    pool.procs[ran_it].send_signal(signal.SIGTERM)
+    pool.procs[ran_it].wait(timeout=30)
+
+    # Who started it is not established: carol's approval is one of two (taken first: it must
+    # come within APPROVAL_S of the question, alice's within APPROVAL_S of carol's).
+    as_carol = cli(pool, "approve", first, "--reason", "GPUs missing", SUDO_USER="carol")
+    assert as_carol.returncode == 0 and "taken: approve by U0CAROL" in as_carol.stdout, (
+        as_carol.stdout + as_carol.stderr + pool.worker_logs()
+    )
+    wait_state(pool, first, "Suspended")
+    assert gpu_engine.containers.get(names[0]).attrs["HostConfig"]["DeviceRequests"] is None
 
     # Where approvers are: the webhook and the Slack approvals channel, with the plan.
     headers, body = hook.wait_for(first)
@@ -311,27 +333,7 @@ def test_a_waiting_approval_reaches_people_and_outlives_its_worker(
     assert set(runs) <= set(waiting), waiting
     assert waiting[first]["state"] == "Suspended" and waiting[first]["container"] == names[0]
     assert waiting[first]["requester"].startswith("api:"), waiting[first]
-    # Waiting holds no process: each run's process exits once it has suspended (a few seconds
-    # after the state is set: it flushes its logs and events first).
-    deadline = time.monotonic() + 60
-    while _processes_of(runs) and time.monotonic() < deadline:
-        time.sleep(0.5)
-    assert not _processes_of(runs), _processes_of(runs)
 
-    # The worker that ran the first stops on SIGTERM (what `systemctl stop` sends) at once.
-    took = {w: taken(pool.logs[w].read_bytes()[marks[w] :].decode(errors="replace")) for w in marks}
-    (ran_it,) = [w for w, ids in took.items() if first in ids]
-    other = next(w for w in ("w1", "w2") if w != ran_it)
-    pool.procs[ran_it].send_signal(signal.SIGTERM)
-    pool.procs[ran_it].wait(timeout=30)
-
-    # Who started it is not established: carol's approval is one of two; alice's makes two.
-    as_carol = cli(pool, "approve", first, "--reason", "GPUs missing", SUDO_USER="carol")
-    assert as_carol.returncode == 0 and "taken: approve by U0CAROL" in as_carol.stdout, (
-        as_carol.stdout + as_carol.stderr + pool.worker_logs()
-    )
-    wait_state(pool, first, "Suspended")
-    assert gpu_engine.containers.get(names[0]).attrs["HostConfig"]["DeviceRequests"] is None
     as_alice = cli(pool, "approve", first, SUDO_USER="alice")
     assert as_alice.returncode == 0, as_alice.stdout + as_alice.stderr
     run = wait_final(pool, first)

@@ -127,10 +127,10 @@ def test_every_path_obeys_the_rule_and_the_trail_is_one(
         assert own.returncode == 4 and "four-eyes rule: U0ALICE" in own.stderr, own
         sent = now()
         _ui_answer(run_id, "U0ALICE")  # alice again, by her Slack id in the UI form
-        judged = verdict(run_id, "U0ALICE", sent)
+        judged = verdict(run_id, "U0ALICE", sent, 60)
         assert judged and "only claimed" in str(judged["refusal"]), judged
         _ui_answer(run_id, "U0CAROL")  # anyone may type carol's id: only claimed (issue 30)
-        judged = verdict(run_id, "U0CAROL", sent)
+        judged = verdict(run_id, "U0CAROL", sent, 60)
         assert judged and "only claimed" in str(judged["refusal"]), judged
         assert judged["established"] == "claimed", judged
         # Nothing was changed by any of them.

@@ -36,6 +36,7 @@ def env(prefect_api: str, lab: LabState, fix_settings: Settings, tmp_path: Path)
             sweep_runbook(tmp_path, **{"batch_run_size: 500": "batch_run_size: 2"})
         ),
         PREFECT_WORKER_QUERY_SECONDS="1",
+        PREFECT_RUNNER_POLL_FREQUENCY="1",  # `cudamedic serve` takes a run within 1 s, not 10
         PREFECT_LOGGING_LEVEL="INFO",
         PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL="INFO",  # the workers' logs say what they took
     )

@@ -327,3 +327,21 @@ def test_junk_around_a_real_xid_line() -> None:
     line = "[74889.644138] NVRM: Xid (PCI:0000:02:00): 79, GPU has fallen off the bus."
     facts = parse_kernel_log("\x00\x1b[31m\x07" + line + "\x1b[0m\n\x00\x01\x02\n")
     assert [x.code for x in facts.xids] == [79]
+
+
+def test_docker_time_reads_what_docker_prints_and_nothing_else() -> None:
+    """The one parser of Docker's timestamps (inspect's StartedAt/FinishedAt/Created, `docker
+    info`'s SystemTime): nanoseconds, `Z` or an offset; the zero time and garbage are None."""
+    from datetime import UTC, datetime, timedelta, timezone
+
+    from runbooks.evidence.docker_inspect import docker_time
+
+    # Docker Remote API v1.18 reference (docker/docker docs/reference/api/
+    # docker_remote_api_v1.18.md), the example responses of GET /containers/(id)/json and GET /info
+    exited = docker_time("2015-01-06T15:47:32.080254511Z")  # State.FinishedAt
+    assert exited == datetime(2015, 1, 6, 15, 47, 32, 80254, tzinfo=UTC)
+    local = docker_time("2015-03-10T11:11:23.730591467-07:00")  # SystemTime
+    assert local == datetime(2015, 3, 10, 11, 11, 23, 730591, tzinfo=timezone(-timedelta(hours=7)))
+    assert docker_time("2015-01-06T15:47:32Z") == datetime(2015, 1, 6, 15, 47, 32, tzinfo=UTC)
+    for never in ("0001-01-01T00:00:00Z", "", "garbage", "2025-13-01T00:00:00Z", None, 17):
+        assert docker_time(never) is None, never

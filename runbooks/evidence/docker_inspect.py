@@ -13,14 +13,31 @@ from __future__ import annotations
 
 import json
 import re
+from datetime import UTC, datetime
 from typing import Any
 
 from runbooks.model import Finding, Frozen
 
+_BEYOND_MICROSECONDS = re.compile(r"(\.\d{6})\d+")
 _CUDA_TAG = re.compile(r"(?i)cuda[-_]?(\d+)\.(\d+)|cu(\d{2,3})\b")
 _GPU_IMAGE = re.compile(
     r"(?i)(?<![a-z])(cuda|torch|nvidia|vllm|triton)(?![a-z])|pytorch|nvcr\.io|tensorflow.{0,100}?gpu|-gpu\b"
 )
+
+
+def docker_time(value: object) -> datetime | None:
+    """A Docker timestamp (RFC 3339 with nanoseconds: ``2024-05-01T10:00:00.123456789Z``, or an
+    offset such as ``+02:00`` in `docker info`'s SystemTime) as an aware datetime, UTC when it
+    names no zone; None for Docker's zero time (``0001-01-01T00:00:00Z``: never) or garbage.
+    The one parser of Docker's times."""
+    if not isinstance(value, str) or value.strip().startswith("0001-"):
+        return None
+    text = _BEYOND_MICROSECONDS.sub(r"\1", value.strip()).replace("Z", "+00:00")
+    try:
+        parsed = datetime.fromisoformat(text)
+    except ValueError:
+        return None
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
 
 
 class GpuRequest(Frozen):
