@@ -29,6 +29,7 @@ from runbooks.logscan import scan_text, signatures
 from runbooks.model import ContainerChange, FixPlan, Frozen
 from runbooks.names import BACKUP_RE
 from runbooks.remote.docker import DockerEngine
+from runbooks.remote.runner import CommandResult
 from runbooks.settings import Settings
 
 Status = Literal["fixed", "rolled-back", "rollback-failed", "recovered", "nothing-to-do"]
@@ -449,7 +450,7 @@ def _change_checks(
             )
         )
     if change.ulimits is not None and running:
-        res = engine.exec(new_id, ["sh", "-c", "ulimit -l"], settings.exec_timeout, 4096)
+        res = _exec_said(engine, new_id, ["sh", "-c", "ulimit -l"], settings, 4096)
         out = res.stdout.decode("utf-8", "replace").strip()
         want = next(u for u in change.ulimits if u.name == "memlock")
         ok = out == "unlimited" if want.soft == -1 else out == str(want.soft // 1024)
@@ -480,7 +481,7 @@ def _shm_check(
     ok = host.get("ShmSize") == shm_size
     detail = f"HostConfig.ShmSize {host.get('ShmSize')}"
     if ok and running:
-        res = engine.exec(new_id, ["df", "-k", "/dev/shm"], settings.exec_timeout, 65536)
+        res = _exec_said(engine, new_id, ["df", "-k", "/dev/shm"], settings, 65536)
         kb = _df_kb(res.stdout.decode("utf-8", "replace"))
         ok = kb is not None and kb * 1024 >= shm_size * 0.99
         detail += f"; df -k /dev/shm: {kb} KiB"
@@ -494,13 +495,28 @@ def _gpus_check(
     ok = bool(host.get("DeviceRequests"))
     detail = f"{len(host.get('DeviceRequests') or [])} device request(s)"
     if ok and running:
-        res = engine.exec(new_id, ["nvidia-smi", "-L"], settings.exec_timeout, 65536)
+        res = _exec_said(engine, new_id, ["nvidia-smi", "-L"], settings, 65536)
         gpus = [
             ln for ln in res.stdout.decode("utf-8", "replace").splitlines() if ln.startswith("GPU ")
         ]
         ok = bool(gpus)
         detail += f"; nvidia-smi -L inside lists {len(gpus)} GPU(s)"
     return Check(name="gpus-visible", ok=ok, detail=detail)
+
+
+def _exec_said(
+    engine: DockerEngine, cid: str, argv: list[str], settings: Settings, max_bytes: int
+) -> CommandResult:
+    """`docker exec` of a check that always prints something (`nvidia-smi -L` with GPUs, `df`,
+    `ulimit`). One that exits 0 having printed nothing lost its output on the way — Docker can
+    (docker/docker-py#2042, moby/moby#27289; 1 in 3,000 `nvidia-smi -L` here under load, issue
+    28) — and would fail a good fix's verification: it is asked again, twice at most."""
+    res = engine.exec(cid, argv, settings.exec_timeout, max_bytes)
+    for _ in range(2):
+        if res.timed_out or res.exit_code != 0 or res.stdout.strip():
+            break
+        res = engine.exec(cid, argv, settings.exec_timeout, max_bytes)
+    return res
 
 
 def _df_kb(text: str) -> int | None:

@@ -187,6 +187,40 @@ def test_changed_host_key_is_rejected(settings: Settings, lab: LabState, tmp_pat
     assert ssh.status == "error" and "CHANGED" in (ssh.error or "")
 
 
+def test_output_that_arrives_with_the_exit_status_is_kept(
+    settings: Settings, lab: LabState, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 28 (a drain host once seen healthy in a two-worker sweep): the read loop checked
+    for output, then for the exit status; output and exit status arriving between the two
+    checks (a thread descheduled for a moment on a loaded machine) ended the loop with the
+    output unread: `dmesg` exit 0 with nothing, a kernel log without its Xid, gpu-xid79
+    healthy. Here the scheduler's worst case is made certain: paramiko's stderr check (the one
+    between them) returns only once the command has exited."""
+    import paramiko
+
+    from runbooks.remote.ssh import SshRunner
+
+    checked = paramiko.Channel.recv_stderr_ready
+
+    def late(chan: paramiko.Channel) -> bool:
+        deadline = time.monotonic() + 10
+        while not chan.exit_status_ready() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        return bool(checked(chan))
+
+    tgt = target(settings, "gpu-nodriver")
+    assert tgt.host is not None
+    runner = SshRunner(tgt.host, settings)
+    try:
+        monkeypatch.setattr(paramiko.Channel, "recv_stderr_ready", late)
+        res = runner.run("sleep 0.3; nvidia-smi", timeout=10, max_bytes=1 << 20)
+        monkeypatch.undo()
+    finally:
+        runner.close()
+    assert res.exit_code == 9 and not res.timed_out, res
+    assert b"couldn't communicate with the NVIDIA driver" in res.stdout, res
+
+
 def test_a_connection_that_drops_is_a_failed_command_not_a_crash(
     settings: Settings, lab: LabState
 ) -> None:

@@ -668,3 +668,44 @@ def test_a_mistyped_container_is_an_error_naming_the_containers_there(
     proc = run_cli(lab, fix_settings, "classify", str(bundles[0]))
     assert proc.returncode == 2 and f"no container named '{typo}'" in proc.stderr
     assert names_like(gpu_engine, container_name) == [container_name]
+
+
+def test_a_check_whose_exec_output_was_lost_is_asked_again(
+    lab: LabState, gpu_engine: docker.DockerClient, container_name: str
+) -> None:
+    """Issue 28 (a kill at `verified` once ended on the old container): Docker can lose a
+    `docker exec`'s output, exit 0 with nothing printed (docker/docker-py#2042, moby/moby#27289;
+    1 in 3,000 `nvidia-smi -L` on the lab's engine under load), and the verification of a good
+    `--gpus` fix then read "0 GPUs" and rolled it back. Here the container's `nvidia-smi` (the
+    lab's toolkit shim) answers its first call with exit 0 and nothing, as a lost output reads."""
+    from docker.types import DeviceRequest
+
+    from runbooks.recreate import _gpus_check
+
+    smi = "/usr/local/bin/nvidia-smi"
+    once = (
+        f"mv {smi} /usr/local/bin/real-smi; "
+        f"printf '#!/bin/sh\\n[ -f /tmp/once ] || {{ touch /tmp/once; exit 0; }}\\n"
+        f'exec /usr/local/bin/real-smi "$@"\\n\' > {smi}; chmod +x {smi}; '
+        "touch /tmp/ready; sleep 3600"
+    )
+    made = gpu_engine.containers.run(
+        IMAGE,
+        ["sh", "-c", once],
+        name=container_name,
+        detach=True,
+        network_mode="none",
+        device_requests=[DeviceRequest(count=-1, capabilities=[["gpu"]])],
+    )
+    engine = DockerEngine.local(lab.engines["gpu"].url, 30)
+    try:
+        deadline = time.monotonic() + 30
+        while made.exec_run(["test", "-f", "/tmp/ready"]).exit_code != 0:
+            assert time.monotonic() < deadline
+            time.sleep(0.2)
+        host = engine.inspect(made.id)["HostConfig"]
+        check = _gpus_check(engine, made.id, host, True, Settings(exec_timeout=10))
+    finally:
+        engine.close()
+        made.remove(force=True)
+    assert check.ok and "lists 8 GPU(s)" in check.detail, check

@@ -172,6 +172,7 @@ class SshRunner:
             return CommandResult(command=command, exit_code=255, stderr=f"ssh: {exc}".encode())
         deadline = start + timeout
         timed_out = False
+        exited: float | None = None  # when the exit status was first seen
         try:
             while True:
                 if chan.recv_ready():
@@ -179,12 +180,27 @@ class SshRunner:
                 elif chan.recv_stderr_ready():
                     err.write(chan.recv_stderr(65536))
                 elif chan.exit_status_ready() or chan.closed:
-                    break
+                    # The rest of the output may follow the exit status: read until the
+                    # remote end's EOF, or a moment (a background child may hold it open).
+                    exited = exited or time.monotonic()
+                    if (
+                        chan.eof_received
+                        or chan.closed
+                        or time.monotonic() - exited > _AFTER_EXIT_S
+                    ):
+                        break
+                    select.select([chan], [], [], 0.05)
                 elif time.monotonic() > deadline:
                     timed_out = True
                     break
                 else:
                     select.select([chan], [], [], min(0.2, max(0.0, deadline - time.monotonic())))
+            # The checks above run one after the other: output that arrived after the first
+            # and before the one that ended the loop is buffered, unread (issue 28).
+            while chan.recv_ready() and time.monotonic() <= deadline:
+                out.write(chan.recv(65536))
+            while chan.recv_stderr_ready() and time.monotonic() <= deadline:
+                err.write(chan.recv_stderr(65536))
             code = None if timed_out else chan.recv_exit_status()
         except (paramiko.SSHException, OSError) as exc:
             err.write(f"\nssh: {exc}".encode())
@@ -206,6 +222,9 @@ class SshRunner:
         self._client.close()
         if self._jump is not None:
             self._jump.close()
+
+
+_AFTER_EXIT_S = 1.0  # how long output may still come after a command's exit status
 
 
 def quote(value: str) -> str:

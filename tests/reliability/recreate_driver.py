@@ -4,7 +4,8 @@
 fix of KIND (shm, gpus, memlock, nccl: the container changes the taxonomy's safe fixes make) for
 CONTAINER from its current `docker inspect`, and applies it with the product's recreate machinery
 (journal, backup, verify, rollback). `CUDAMEDIC_CRASH_AT=<boundary>` in the environment makes it
-kill itself there. It prints the outcome's status.
+kill itself there. It prints the outcome's status and message (`fixed: ...`), or `error: ...`
+when the fix was refused before it changed anything.
 """
 
 from __future__ import annotations
@@ -69,6 +70,7 @@ def main(url: str, container: str, kind: str, state_dir: str) -> int:
 
 
 def fix(url: str, container: str, kind: str, state_dir: Path) -> str:
+    """Plan and apply the fix: `status: message` of its outcome."""
     change, flag, incident = CHANGES[kind]
     settings = Settings(state_dir=state_dir, fix_settle_s=1.0, fix_health_timeout=20.0)
     engine = DockerEngine.local(url, 30)
@@ -86,7 +88,8 @@ def fix(url: str, container: str, kind: str, state_dir: Path) -> str:
             retention_h=24,
         )
         journal = Journal(state_dir, HOST, container)
-        return apply_plan(engine, plan, settings, journal, inspect).status
+        outcome = apply_plan(engine, plan, settings, journal, inspect)
+        return f"{outcome.status}: {outcome.message}"
     finally:
         engine.close()
 

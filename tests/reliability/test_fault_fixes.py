@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import random
+import signal
 import statistics
 import subprocess
 import sys
@@ -59,6 +60,16 @@ class Scenario:
             return "old"
         return "new"
 
+    def fixer_should(self) -> str | None:
+        """How the fixer process itself must end for the scenario to be the one described:
+        `killed` (SIGKILL at `crash_at`), or the outcome status it prints; None: either (an
+        engine restart may or may not hit a step)."""
+        if self.crash_at is not None:
+            return "killed"
+        if self.restart_engine_after is not None:
+            return None
+        return "rolled-back" if self.expected() == "old" else "fixed"
+
     def describe(self) -> str:
         fault = (
             f"kill at {self.crash_at}"
@@ -78,6 +89,7 @@ class Tally:
     duplicates: int = 0
     not_running: int = 0
     wrong_state: int = 0
+    not_as_planned: int = 0  # the fixer was not killed where asked, or ended otherwise
     recovered: int = 0
     tracebacks: int = 0
     seconds: list[float] = field(default_factory=list)
@@ -90,6 +102,7 @@ class Tally:
         zero(SUITE, f"{what}: duplicate containers left", self.duplicates)
         zero(SUITE, f"{what}: workloads not running at the end", self.not_running)
         zero(SUITE, f"{what}: wrong final state (old/new)", self.wrong_state)
+        zero(SUITE, f"{what}: faults not injected as planned", self.not_as_planned)
         zero(SUITE, f"{what}: fixer tracebacks", self.tracebacks)
         record(SUITE, f"{what}: interrupted fixes finished by recovery", self.recovered)
         if self.seconds:
@@ -175,10 +188,14 @@ def run_scenario(lab: LabState, sc: Scenario, state_dir: Path, tally: Tally) -> 
         if sc.restart_engine_after is not None:
             time.sleep(sc.restart_engine_after)
             restart_engine(lab, sc.engine)
-        _, err = fixer.communicate(timeout=180)
+        out, err = fixer.communicate(timeout=180)
         if "Traceback" in err:
             tally.tracebacks += 1
             tally.problems.append(f"{sc.describe()}: fixer traceback: {err[-600:]}")
+        planned = _as_planned(sc, fixer.returncode, out)
+        if planned is not None:
+            tally.not_as_planned += 1
+            tally.problems.append(f"{sc.describe()}: {planned}")
         # The next run: recovery finishes or rolls back what was interrupted, once.
         engine = DockerEngine.local(url, 30)
         try:
@@ -200,6 +217,22 @@ def run_scenario(lab: LabState, sc: Scenario, state_dir: Path, tally: Tally) -> 
         except docker.errors.APIError:
             pass
         client.close()
+
+
+def _as_planned(sc: Scenario, returncode: int, out: str) -> str | None:
+    """Why the fixer did not end as the scenario plans (None: it did). A fixer that ended on its
+    own before the boundary it was to be killed at (a refused or rolled-back fix) leaves the old
+    container, which is also what most kills must leave: without this check such a scenario
+    would pass without having tested its kill, and a kill at `verified` would read as a wrong
+    recovery ("ended old, expected new") instead of naming what the fixer said."""
+    should = sc.fixer_should()
+    said = out.strip()[-600:] or "nothing"
+    if should == "killed":
+        if returncode != -signal.SIGKILL:
+            return f"the fixer was not killed at {sc.crash_at}: exit {returncode}, it said {said}"
+    elif should is not None and (returncode != 0 or not said.startswith(f"{should}:")):
+        return f"the fixer should have printed {should}: exit {returncode}, it said {said}"
+    return None
 
 
 def _check(
