@@ -20,9 +20,9 @@ from typing import Any
 
 import pytest
 
-from runbooks.evidence.dmesg import parse_kernel_log
-from runbooks.evidence.nccl_tests import parse_nccl_tests
-from runbooks.evidence.nvidia_smi import (
+from runbooks.collect.evidence.dmesg import parse_kernel_log
+from runbooks.collect.evidence.nccl_tests import parse_nccl_tests
+from runbooks.collect.evidence.nvidia_smi import (
     SmiFacts,
     SmiXmlFacts,
     normalize_bus_id,
