@@ -45,6 +45,7 @@ from runbooks.core.model import Diagnosis, SimilarIncident
 from runbooks.core.runbook import Runbook, load_runbook
 from runbooks.core.settings import Settings, load_settings
 from runbooks.diagnose.classify import classify_path
+from runbooks.diagnose.remedy import fault_container
 from runbooks.diagnose.rma import BugReport
 from runbooks.fix import breaker
 from runbooks.fix.approvals import (
@@ -68,7 +69,6 @@ from runbooks.fix.fixer import (
     save_postmortem,
 )
 from runbooks.fix.journal import audit, now, who
-from runbooks.fix.plan import fault_container
 from runbooks.fix.recreate import Outcome
 
 BREAKER_VARIABLE = "cudamedic_breaker"
@@ -733,7 +733,7 @@ def _decision_without_waiting(
     """An approval given up front (judged like any answer) or the runbook's unattended policy
     (behind the breaker); (None, False) when a person must answer. With no container named, a
     fix runs unattended only when exactly that container's own evidence shows the fault."""
-    from runbooks.fix.plan import own_evidence
+    from runbooks.diagnose.remedy import own_evidence
 
     plan = prepared.plan
     assert plan is not None

@@ -334,8 +334,8 @@ def classify_held_out(
     from threadpoolctl import threadpool_limits
 
     from runbooks.diagnose.classify import diagnose
+    from runbooks.diagnose.history import index_for
     from runbooks.diagnose.learned import packaged_model
-    from runbooks.diagnose.similar import index_for
 
     packaged = packaged_model()
     temperature = packaged.temperature if packaged else 1.0

@@ -290,7 +290,8 @@ def test_incidents_of_another_cause_come_after_same_cause_ones_and_are_marked() 
 def test_confirmed_team_incidents_are_cited_beside_the_public_threads(tmp_path: Path) -> None:
     from datetime import UTC, datetime
 
-    from runbooks.diagnose.similar import index_for, public_incidents
+    from runbooks.diagnose.history import index_for
+    from runbooks.diagnose.similar import public_incidents
 
     case = CORPUS / SHM_CASE
     text = next(c.text for c in public_incidents() if c.id == case.name)

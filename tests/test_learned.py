@@ -22,6 +22,7 @@ from reports.render import PostMortem, render_markdown
 from reports.slack import why_messages
 from runbooks import knowledge
 from runbooks.diagnose.classify import diagnose, render_explain, render_text, tells_apart, to_json
+from runbooks.diagnose.history import index_for
 from runbooks.diagnose.learned import (
     Model,
     char_features,
@@ -29,7 +30,6 @@ from runbooks.diagnose.learned import (
     packaged_model,
     word_features,
 )
-from runbooks.diagnose.similar import index_for
 
 sys.path.insert(0, str(Path(__file__).parent.parent / "scripts"))
 import build_model

@@ -6,6 +6,7 @@ its evidence, similar known incidents and the proposed remedy. Uses ``runbooks.c
 - ``classify``: the diagnosis (``diagnose``, ``classify_path``); ``learned``: the packaged model.
 - ``similar``, ``history``: similar public incidents and the team's confirmed history.
 - ``health``, ``sweep``, ``metrics``: the fleet health sweep and its Prometheus families.
+- ``remedy``: the fix a diagnosis proposes (a safe container change, or a person's steps).
 - ``rma``: the evidence NVIDIA asks for with an RMA.
 """
 
@@ -18,6 +19,7 @@ __all__ = [
     "learned",
     "logscan",
     "metrics",
+    "remedy",
     "rma",
     "rules",
     "similar",

@@ -18,9 +18,11 @@ from runbooks.core.model import Candidate, Diagnosis, Finding, Line, Match, Simi
 from runbooks.core.names import terminal_safe as safe
 from runbooks.core.taxonomy import Incident
 from runbooks.diagnose.facts import Facts, origin_of
+from runbooks.diagnose.history import index_for
 from runbooks.diagnose.judgments import memlock_low, shm_small
 from runbooks.diagnose.learned import Model, packaged_model
 from runbooks.diagnose.logscan import signatures
+from runbooks.diagnose.remedy import propose_fix
 from runbooks.diagnose.rules import (
     PRIORITY,
     STRONG,
@@ -29,8 +31,7 @@ from runbooks.diagnose.rules import (
     rank,
     run_rules,
 )
-from runbooks.diagnose.similar import KnownIncident, SimilarIndex, cite, index_for, propose
-from runbooks.fix.plan import propose_fix
+from runbooks.diagnose.similar import KnownIncident, SimilarIndex, cite, propose
 
 if TYPE_CHECKING:
     from runbooks.diagnose.health import HealthFinding

@@ -34,7 +34,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from runbooks.core.errors import InputError
-from runbooks.diagnose.similar import KnownIncident
+from runbooks.diagnose.similar import KnownIncident, SimilarIndex, public_incidents, public_index
 
 HISTORY = "history.jsonl"
 PENDING = "history-pending.jsonl"
@@ -297,3 +297,18 @@ def _read_lines(path: Path) -> list[dict[str, Any]]:
 
 def _now() -> str:
     return datetime.now(UTC).isoformat(timespec="seconds")
+
+
+def team_incidents(state_dir: Path | None) -> tuple[KnownIncident, ...]:
+    """Confirmed incidents of this team (the history file); unreadable lines are skipped."""
+    if state_dir is None:
+        return ()
+    return confirmed(state_dir)
+
+
+def index_for(state_dir: Path | None) -> SimilarIndex:
+    """The public corpus plus this team's confirmed incidents."""
+    team = team_incidents(state_dir)
+    if not team:
+        return public_index()
+    return SimilarIndex((*public_incidents(), *team))

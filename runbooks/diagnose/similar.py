@@ -19,7 +19,6 @@ import re
 from collections.abc import Iterable, Sequence
 from functools import cache
 from importlib import resources
-from pathlib import Path
 from typing import Literal
 
 from runbooks.core.model import Frozen, SimilarIncident
@@ -161,23 +160,8 @@ def public_incidents() -> tuple[KnownIncident, ...]:
     return tuple(KnownIncident.model_validate_json(ln) for ln in text.splitlines() if ln.strip())
 
 
-def team_incidents(state_dir: Path | None) -> tuple[KnownIncident, ...]:
-    """Confirmed incidents of this team (the history file); unreadable lines are skipped."""
-    if state_dir is None:
-        return ()
-    from runbooks.diagnose.history import confirmed
-
-    return confirmed(state_dir)
-
-
 @cache
-def _public_index() -> SimilarIndex:
+def public_index() -> SimilarIndex:
+    """The index of the packaged public corpus (the team's history joins it in
+    runbooks/diagnose/history.py `index_for`)."""
     return SimilarIndex(public_incidents())
-
-
-def index_for(state_dir: Path | None) -> SimilarIndex:
-    """The public corpus plus this team's confirmed incidents."""
-    team = team_incidents(state_dir)
-    if not team:
-        return _public_index()
-    return SimilarIndex((*public_incidents(), *team))

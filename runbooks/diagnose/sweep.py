@@ -40,8 +40,8 @@ from runbooks.diagnose.health import (
     check_host,
     verdict_of,
 )
+from runbooks.diagnose.remedy import fault_container
 from runbooks.diagnose.rules import STRONG
-from runbooks.fix.plan import fault_container
 
 
 class HostResult(Frozen):

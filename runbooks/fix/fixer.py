@@ -272,7 +272,7 @@ def failure_cause(message: str) -> str | None:
 def _hint(message: str) -> str:
     """What the failure itself points at, and what a person should do about it."""
     from runbooks.core.taxonomy import Incident
-    from runbooks.fix.plan import MANUAL
+    from runbooks.diagnose.remedy import MANUAL
 
     cause = failure_cause(message)
     if cause is None:
@@ -528,7 +528,7 @@ def _action_items(
     actions = list(fix.steps) if fix is not None else []
     if outcome is not None and cause is not None:
         from runbooks.core.taxonomy import Incident
-        from runbooks.fix.plan import MANUAL
+        from runbooks.diagnose.remedy import MANUAL
 
         steps = [f"On {host}: {s}" for s in MANUAL.get(Incident(cause), ())]
         retry = (

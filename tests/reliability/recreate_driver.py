@@ -18,8 +18,9 @@ from runbooks.collect.remote.docker import DockerEngine
 from runbooks.core.errors import CudamedicError
 from runbooks.core.model import ContainerChange, Fix, GpuRequestSpec, UlimitSpec
 from runbooks.core.settings import Settings
+from runbooks.diagnose.remedy import MEMLOCK
 from runbooks.fix.journal import Journal
-from runbooks.fix.plan import MEMLOCK, plan_fix
+from runbooks.fix.plan import plan_fix
 from runbooks.fix.recreate import apply_plan
 
 HOST = "lab"
