@@ -29,7 +29,7 @@ def metrics_parser(sub: Any) -> None:
 
 
 def cmd_metrics(args: argparse.Namespace) -> int:
-    from runbooks.cli import _prefect, _settings
+    from runbooks.cli.common import _prefect, _settings
     from runbooks.core.errors import InputError
 
     if (args.no_http or args.once) and args.textfile is None:
@@ -86,7 +86,7 @@ def since_date(text: str | None) -> str | None:
 def cmd_history(args: argparse.Namespace) -> int:
     import json
 
-    from runbooks.cli import _prefect, _settings
+    from runbooks.cli.common import _prefect, _settings
     from runbooks.core.names import display
     from runbooks.diagnose.history import reports
 
@@ -128,7 +128,7 @@ def pending_parser(sub: Any) -> None:
 
 
 def cmd_pending(args: argparse.Namespace) -> int:
-    from runbooks.cli import _emit, _prefect, _settings, show
+    from runbooks.cli.common import _emit, _prefect, _settings, show
     from runbooks.core.cli_json import PendingResult
 
     settings = _settings(args)
@@ -177,7 +177,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
     import os
     import sys
 
-    from runbooks.cli import _prefect, _settings, show
+    from runbooks.cli.common import _prefect, _settings, show
     from runbooks.core.errors import InputError
 
     settings = _settings(args)
