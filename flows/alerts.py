@@ -31,9 +31,9 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from flows.http import HttpServer, Limits, json_app, read_body, reply
-from runbooks.errors import InputError
-from runbooks.inventory import Inventory
-from runbooks.redact import redact_text
+from runbooks.collect.inventory import Inventory
+from runbooks.collect.redact import redact_text
+from runbooks.core.errors import InputError
 
 log = logging.getLogger(__name__)
 
@@ -162,10 +162,10 @@ class Seen:
 def announce(alert: Alert, event: str = EVENT, key: str = "") -> None:
     """Emit the Prefect event the incident-response deployment's trigger waits for (`JOINED`:
     an alert for a host whose response already runs, for the host's event feed). `key`: the
-    fleet's approval_key, which signs the start (`origin`: runbooks/approvals.py)."""
+    fleet's approval_key, which signs the start (`origin`: runbooks/fix/approvals.py)."""
     from prefect.events import emit_event
 
-    from runbooks.approvals import start_proof
+    from runbooks.fix.approvals import start_proof
 
     assert alert.host is not None
     container = alert.container or ""  # "" in the template: a response for the whole host

@@ -5,7 +5,7 @@ Where an approval is announced (`channels`):
 
 - Slack: the response's own thread when Slack started it, and `slack_approvals_channel` for every
   response (alerts, sweeps, deployment runs included), with the Approve/Reject buttons the Slack
-  app answers (flows/slack.py). Sent through flows/slack_delivery.py: a Slack outage keeps the
+  app answers (flows/slack/app.py). Sent through flows/slack/delivery.py: a Slack outage keeps the
   message in the fleet's outbox, and a channel Slack refuses goes to the dead letters.
 - A plain webhook for teams without Slack (`approval_webhook`, optional bearer token
   `approval_webhook_token`): one JSON POST (`WaitingApproval` plus `"event":
@@ -26,8 +26,8 @@ import urllib.error
 import urllib.request
 from typing import Any
 
-from runbooks.approvals import WaitingApproval
-from runbooks.settings import Settings
+from runbooks.core.settings import Settings
+from runbooks.fix.approvals import WaitingApproval
 
 log = logging.getLogger(__name__)
 
@@ -76,7 +76,7 @@ def announce(settings: Settings, waiting: WaitingApproval) -> list[str]:
 
 
 def _slack(settings: Settings, waiting: WaitingApproval) -> str | None:
-    from flows.slack_delivery import deliver
+    from flows.slack.delivery import deliver
     from reports import slack as msg
 
     blocks = msg.approval_blocks(

@@ -1,4 +1,4 @@
-"""The approval rule's I/O side (the rule itself: runbooks/approvals.py): who asked for a
+"""The approval rule's I/O side (the rule itself: runbooks/fix/approvals.py): who asked for a
 response, whether a Slack user is in an approver group or channel, and the verdict on one
 answer, audited. The flow judges every answer it receives (CLI, Slack, the Prefect UI, an
 up-front approval); the Slack app asks the same questions first, to answer a click at once.
@@ -10,9 +10,9 @@ import threading
 import time
 from typing import Any
 
-from flows.slack_delivery import web_client
-from runbooks import approvals
-from runbooks.settings import Settings
+from flows.slack.delivery import web_client
+from runbooks.core.settings import Settings
+from runbooks.fix import approvals
 
 APPROVERS_TTL_S = 60.0
 
@@ -68,7 +68,7 @@ def requester(
     start: tuple[str, str, str | None],
 ) -> tuple[str, str]:
     """Who asked for a response, as an identity, and how that is established
-    (runbooks/approvals.py): the Slack user of a start the Slack app signed; the OS user of the
+    (runbooks/fix/approvals.py): the Slack user of a start the Slack app signed; the OS user of the
     process the flow runs in when started from a terminal (`cudamedic triage`); an alert or a
     sweep that signed its start (`start`: proof, target, container) — nobody who could approve;
     otherwise unknown: a run created through the Prefect API by whoever holds its credentials."""

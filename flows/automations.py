@@ -8,7 +8,7 @@ end within `crash_after_s`; when none comes, the run is set to Crashed. Only cud
 watched (a shared Prefect server may run other teams' flows).
 
 The next response for that host and container recovers the interrupted fix from the target
-(runbooks/recreate.py `recover`: finish or roll back), whichever worker runs it.
+(runbooks/fix/recreate.py `recover`: finish or roll back), whichever worker runs it.
 
 Set up by `cudamedic serve` and by the first cudamedic flow run on a server (work pools deployed
 with `prefect deploy`): `ensure_crash_detection` is idempotent and updates a changed window.

@@ -39,9 +39,9 @@ from prefect.concurrency.sync import concurrency
 from prefect.exceptions import ObjectAlreadyExists, ObjectNotFound
 
 from flows.alerts import Seen
-from runbooks.prefect_api import call as _prefect
-from runbooks.settings import Settings
-from runbooks.sweep import State, parse_state, read_state_file
+from runbooks.core.prefect_api import call as _prefect
+from runbooks.core.settings import Settings
+from runbooks.diagnose.sweep import State, parse_state, read_state_file
 
 log = logging.getLogger(__name__)
 

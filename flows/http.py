@@ -39,7 +39,7 @@ from starlette.routing import BaseRoute
 from starlette.types import ASGIApp, Receive, Scope, Send
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from runbooks.settings import Settings
+from runbooks.core.settings import Settings
 
 log = logging.getLogger(__name__)
 # `_GuardedH11` and `_Server` extend uvicorn beyond its public API (no public form exists for a

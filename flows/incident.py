@@ -34,10 +34,21 @@ from flows import approvals
 from flows.automations import ensure_approval_timeout, ensure_crash_detection
 from flows.fleet_state import ensure_limits
 from flows.notify import Notifier
-from flows.slack_delivery import thread_for
+from flows.slack.delivery import thread_for
 from reports import slack as slack_msg
-from runbooks import breaker, progress
-from runbooks.approvals import (
+from runbooks.collect.collector import collect, finding_message, missing_container
+from runbooks.collect.inventory import load_inventory
+from runbooks.collect.target import Target, resolve_target
+from runbooks.core import progress
+from runbooks.core.errors import CudamedicError, FixLocked, InputError
+from runbooks.core.model import Diagnosis, SimilarIncident
+from runbooks.core.runbook import Runbook, load_runbook
+from runbooks.core.settings import Settings, load_settings
+from runbooks.diagnose.classify import classify_path
+from runbooks.diagnose.remedy import fault_container
+from runbooks.diagnose.rma import BugReport
+from runbooks.fix import breaker
+from runbooks.fix.approvals import (
     CLAIMED,
     OS_USER,
     WaitingApproval,
@@ -47,10 +58,7 @@ from runbooks.approvals import (
     started_by_cli,
     take_up_front,
 )
-from runbooks.classify import classify_path
-from runbooks.collect import collect, finding_message, missing_container
-from runbooks.errors import CudamedicError, FixLocked, InputError
-from runbooks.fixer import (
+from runbooks.fix.fixer import (
     Prepared,
     effective_policy,
     execute,
@@ -60,15 +68,8 @@ from runbooks.fixer import (
     refusal,
     save_postmortem,
 )
-from runbooks.fixes import fault_container
-from runbooks.inventory import load_inventory
-from runbooks.journal import audit, now, who
-from runbooks.model import Diagnosis, SimilarIncident
-from runbooks.recreate import Outcome
-from runbooks.rma import BugReport
-from runbooks.runbook import Runbook, load_runbook
-from runbooks.settings import Settings, load_settings
-from runbooks.target import Target, resolve_target
+from runbooks.fix.journal import audit, now, who
+from runbooks.fix.recreate import Outcome
 
 BREAKER_VARIABLE = "cudamedic_breaker"
 DEFAULT_DETECTED_BY = "cudamedic triage"
@@ -79,7 +80,7 @@ BREAKER_LOCK = "cudamedic-breaker"
 class Approval(RunInput):
     """What a person answers to a paused fix. `by` names who answers: a Slack user id (Slack),
     `os:<user>` (`cudamedic approve`), or an approver identity typed in the Prefect UI; the flow
-    takes it only from an approver who did not ask for the response (runbooks/approvals.py)."""
+    takes it only from an approver who did not ask for the response (runbooks/fix/approvals.py)."""
 
     decision: Literal["approve", "reject"]
     by: str = Field(min_length=1, max_length=200)
@@ -345,7 +346,7 @@ def incident_response(
     front (`cudamedic triage --yes`); otherwise the fix waits for an `Approval` unless the
     runbook's policy allows it unattended. `slack`: the thread to report progress to
     ({channel, ts, requester, sig}; set by the Slack app). `origin`: the alert receiver's or the
-    sweep's signature of this start (runbooks/approvals.py)."""
+    sweep's signature of this start (runbooks/fix/approvals.py)."""
     container = _named(container)
     run = _Run.start(target, detected_by, approved_by, slack, (origin or "", container))
     recovered = _recover(run, container) if container else None
@@ -409,7 +410,7 @@ def _named(container: str | None) -> str | None:
     """The container a response is for: None for none ("" is how an alert without a
     `container` label arrives through the trigger's template); a name Docker would refuse is
     an input error."""
-    from runbooks.names import container_name
+    from runbooks.core.names import container_name
 
     if container is None or not container.strip() or container.strip() == "None":
         return None
@@ -425,7 +426,7 @@ class _Run:
     tgt: Target
     run_id: str | None
     requester: str  # who asked for it, as an identity (four-eyes)
-    requester_how: str  # how that was established (runbooks/approvals.py)
+    requester_how: str  # how that was established (runbooks/fix/approvals.py)
     links: dict[str, str]
     thread: Notifier | None
     started: datetime
@@ -579,7 +580,7 @@ def _diagnose(run: _Run, bundle: str) -> Diagnosis:
 
 @task(name="dcgm-diagnostic", cache_policy=NO_CACHE, retries=0)
 def dcgm_diag_task(target: Target, settings: Settings, bundle: str) -> str:
-    from runbooks.dcgm import run_diag
+    from runbooks.collect.dcgm import run_diag
 
     result = run_diag(target, settings, Path(bundle))
     return f"{result.command or 'dcgmi diag'}: {result.status}" + (
@@ -590,8 +591,8 @@ def dcgm_diag_task(target: Target, settings: Settings, bundle: str) -> str:
 def _dcgm_diag(run: _Run, bundle: str, diagnosis: Diagnosis) -> Diagnosis:
     """A suspected hardware fault on a host with DCGM: run `dcgmi diag -r 1` (seconds, read-only)
     into the bundle and diagnose again, so DCGM's own verdict is part of the evidence."""
-    from runbooks.dcgm import has_dcgm
-    from runbooks.taxonomy import Incident
+    from runbooks.collect.dcgm import has_dcgm
+    from runbooks.core.taxonomy import Incident
 
     if diagnosis.incident != Incident.GPU_HARDWARE_FAULT or not has_dcgm(Path(bundle)):
         return diagnosis
@@ -611,9 +612,9 @@ RMA_OFFER = (
 
 @task(name="rma-evidence", cache_policy=NO_CACHE, retries=0)
 def rma_task(target: Target, settings: Settings) -> BugReport:
-    from runbooks.dcgm import runner_for
-    from runbooks.errors import CudamedicError
-    from runbooks.rma import run_bug_report
+    from runbooks.collect.dcgm import runner_for
+    from runbooks.core.errors import CudamedicError
+    from runbooks.diagnose.rma import run_bug_report
 
     try:
         runner = runner_for(target, settings)
@@ -631,9 +632,9 @@ def _rma(
     """A hardware fault: offer to run nvidia-bug-report.sh behind the same approval as a fix
     (an approval given up front, or a person's answer to the paused run); the post-mortem's
     "open an RMA" item, and who answered."""
-    from runbooks.bundle import open_bundle
-    from runbooks.facts import gather
-    from runbooks.rma import rma_item
+    from runbooks.collect.bundle import open_bundle
+    from runbooks.diagnose.facts import gather
+    from runbooks.diagnose.rma import rma_item
 
     with open_bundle(Path(prepared.bundle)) as b:
         facts = gather(b)
@@ -732,7 +733,7 @@ def _decision_without_waiting(
     """An approval given up front (judged like any answer) or the runbook's unattended policy
     (behind the breaker); (None, False) when a person must answer. With no container named, a
     fix runs unattended only when exactly that container's own evidence shows the fault."""
-    from runbooks.fixes import own_evidence
+    from runbooks.diagnose.remedy import own_evidence
 
     plan = prepared.plan
     assert plan is not None
@@ -874,7 +875,7 @@ class Waiting(BaseModel):
 
 
 def _seal(settings: Settings, run_id: str, digest: str, approved: list[str]) -> str:
-    from runbooks.approvals import start_proof
+    from runbooks.fix.approvals import start_proof
 
     key = settings.approval_key or settings.slack_bot_token
     if key is None:
@@ -1018,7 +1019,7 @@ def _ask(
     from datetime import UTC, timedelta
 
     from flows import announce
-    from runbooks.fixer import render_plan
+    from runbooks.fix.fixer import render_plan
 
     tgt, run_id, d, plan = run.tgt, run.run_id or "", prepared.diagnosis, prepared.plan
     plan_text = render_plan(prepared) + (f"\n{extra}" if extra else "")
@@ -1158,7 +1159,7 @@ def _pause(run: _Run, seconds: int, key: str) -> Approval | None:
 
 def _sources_line(bundle: Path) -> str:
     """`14 sources, 2 failed` (or why the target was not reached), for the progress line."""
-    from runbooks.collect import failed_sources, finding_message
+    from runbooks.collect.collector import failed_sources, finding_message
 
     if (why := finding_message(bundle, "target-unreachable")) is not None:
         return f"not reached: {why}"

@@ -25,9 +25,15 @@ from prometheus_client.core import Metric
 from prometheus_client.registry import Collector, CollectorRegistry
 
 from flows.fleet_state import read_document, write_document
-from runbooks.metrics import RESPONSE_WINDOW_D, SweepMetrics, families, host_metrics, merged
-from runbooks.settings import Settings
-from runbooks.sweep import HostResult
+from runbooks.core.settings import Settings
+from runbooks.diagnose.metrics import (
+    RESPONSE_WINDOW_D,
+    SweepMetrics,
+    families,
+    host_metrics,
+    merged,
+)
+from runbooks.diagnose.sweep import HostResult
 
 log = logging.getLogger(__name__)
 CACHE_S = 10.0

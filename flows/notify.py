@@ -1,6 +1,6 @@
 """What a response flow tells the people who asked for it, whatever the channel (PURE).
 
-The incident flow depends on this interface only; flows/slack_delivery.py's `SlackThread` is the
+The incident flow depends on this interface only; flows/slack/delivery.py's `SlackThread` is the
 implementation for a Slack thread.
 """
 

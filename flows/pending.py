@@ -14,7 +14,7 @@ from uuid import UUID
 
 from pydantic import ValidationError
 
-from runbooks.approvals import WaitingApproval
+from runbooks.fix.approvals import WaitingApproval
 
 WAITING_KEY = "cudamedic-waiting-"  # flows/incident.py
 LIMIT = 200

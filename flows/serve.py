@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from runbooks.settings import Settings
+from runbooks.core.settings import Settings
 
 INCIDENT = "incident-response"
 SWEEP = "fleet-sweep"
@@ -68,7 +68,7 @@ def _refuse_pool_deployments(names: list[str]) -> None:
     from prefect import get_client
     from prefect.exceptions import ObjectNotFound
 
-    from runbooks.errors import InputError
+    from runbooks.core.errors import InputError
 
     with get_client(sync_client=True) as client:
         for name in names:

@@ -39,8 +39,8 @@ import urllib.request
 from collections.abc import Mapping
 from pathlib import Path
 
-from runbooks.errors import CudamedicError
-from runbooks.settings import Settings
+from runbooks.core.errors import CudamedicError
+from runbooks.core.settings import Settings
 
 START_TIMEOUT_S = 90.0
 

@@ -28,12 +28,12 @@ from flows.fleet_state import sweep_state
 from flows.incident import run_url, slug
 from reports.render import SweepChange, SweepHostRow, SweepSummary, render_sweep, sweep_report_name
 from reports.store import save_report
-from runbooks import progress
-from runbooks.health import HostChange, diff, snapshot, with_history
-from runbooks.inventory import Inventory, load_inventory
-from runbooks.runbook import Runbook, load_runbook
-from runbooks.settings import Settings, load_settings
-from runbooks.sweep import (
+from runbooks.collect.inventory import Inventory, load_inventory
+from runbooks.core import progress
+from runbooks.core.runbook import Runbook, load_runbook
+from runbooks.core.settings import Settings, load_settings
+from runbooks.diagnose.health import HostChange, diff, snapshot, with_history
+from runbooks.diagnose.sweep import (
     HostResult,
     batches,
     check_hosts,
@@ -71,7 +71,7 @@ class SweepResult(BaseModel):
 
 def _inputs(inventory: str | None) -> tuple[Settings, Runbook, Inventory]:
     settings = load_settings(inventory=Path(inventory) if inventory else None)
-    from runbooks.errors import InputError
+    from runbooks.core.errors import InputError
 
     if settings.inventory is None:
         raise InputError("a sweep needs an inventory (--inventory or CUDAMEDIC_INVENTORY)")
@@ -360,7 +360,7 @@ def _publish(
         description="Verdict per host",
     )
     if changes and settings.slack_channel:
-        from flows.slack_delivery import deliver
+        from flows.slack.delivery import deliver
         from reports.slack import sweep_blocks
 
         deliver(
@@ -386,10 +386,10 @@ def _start_responses(
     """Start an incident response (a run of the deployment) for each host with news; host ->
     flow run id. Fire and forget: a response may wait hours for an approval; the sweep must
     not. Each carries the sweep's run id as a tag (`sweep:<id>`), and the sweep's signature of
-    its start when the fleet has an approval_key (runbooks/approvals.py)."""
+    its start when the fleet has an approval_key (runbooks/fix/approvals.py)."""
     from prefect.deployments import run_deployment
 
-    from runbooks.approvals import start_proof
+    from runbooks.fix.approvals import start_proof
 
     key = settings.approval_key.get_secret_value() if settings.approval_key else ""
     detected_by = "cudamedic fleet sweep"

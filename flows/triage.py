@@ -22,10 +22,10 @@ from prefect.exceptions import ObjectNotFound
 
 from flows.automations import ensure_crash_detection
 from flows.incident import Approval, Response, incident_response, response_name
-from runbooks.approvals import cli_run
-from runbooks.errors import InputError
-from runbooks.redact import redact_text
-from runbooks.settings import load_settings
+from runbooks.collect.redact import redact_text
+from runbooks.core.errors import InputError
+from runbooks.core.settings import load_settings
+from runbooks.fix.approvals import cli_run
 
 
 def triage(
@@ -100,7 +100,7 @@ def _interrupted(
     """Ctrl-C: a fix that runs is let finish or roll back (a recreate is never cut in half; a
     second Ctrl-C leaves it to `cudamedic rollback`); before it, the run is cancelled in Prefect
     (it would wait Paused or Running for the crash automation) and nothing was changed."""
-    from runbooks import progress
+    from runbooks.core import progress
 
     where = f"{target}" + (f" --container {container}" if container else "")
     subject = f"{target}/{container}" if container else target
@@ -221,7 +221,7 @@ def plain_plan(markdown: str) -> str:
 def answer(run_id: str, decision: str, by: str, reason: str = "", proof: str = "") -> str:
     """Resume a paused (or suspended) incident response with a person's decision. A second
     answer, or one for a run that no longer waits, changes nothing and says so. `proof`: the
-    signature that establishes `by` (runbooks/approvals.py)."""
+    signature that establishes `by` (runbooks/fix/approvals.py)."""
     from prefect.flow_runs import resume_flow_run
 
     try:
@@ -260,7 +260,7 @@ def queued(run_id: str) -> bool:
 def verdict(run_id: str, by: str, since: datetime, timeout: float) -> dict[str, Any] | None:
     """The flow's audit record of its judgement of `by`'s answer sent at `since` (the event
     `cudamedic.approval.approved|rejected|refused`); None when none came within `timeout`."""
-    from runbooks.audit import PREFIX, read
+    from runbooks.fix.audit import PREFIX, read
 
     names = [f"{PREFIX}approval.{v}" for v in ("approved", "rejected", "refused")]
     deadline = time.monotonic() + timeout

@@ -15,7 +15,7 @@ from functools import cache
 
 import jinja2
 
-from runbooks.model import Candidate, Frozen, Line, SimilarIncident
+from runbooks.core.model import Candidate, Frozen, Line, SimilarIncident
 
 
 class TimelineEvent(Frozen):

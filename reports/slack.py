@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from reports.render import PostMortem, SweepSummary
-from runbooks.model import Diagnosis, SimilarIncident
+from runbooks.core.model import Diagnosis, SimilarIncident
 
 SECTION_MAX = 3000
 BLOCKS_MAX = 50

@@ -5,8 +5,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from runbooks.errors import CudamedicError
-from runbooks.private import private_dir, write_private
+from runbooks.core.errors import CudamedicError
+from runbooks.core.private import private_dir, write_private
 
 
 def save_report(directory: Path, name: str, text: str) -> Path:

@@ -51,7 +51,7 @@ def evidence_only(case: Path, dest: Path) -> Path:
 def classify_case(case: Path, tmp: Path) -> str:
     import inspect
 
-    from runbooks.classify import classify_path
+    from runbooks.diagnose.classify import classify_path
 
     bundle = evidence_only(case, tmp)
     if "exclude" in inspect.signature(classify_path).parameters:

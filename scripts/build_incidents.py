@@ -20,10 +20,10 @@ TARGET = ROOT / "runbooks" / "knowledge" / "incidents.jsonl"
 
 
 def build() -> str:
-    from runbooks.bundle import open_bundle
-    from runbooks.classify import evidence_text
-    from runbooks.facts import gather
-    from runbooks.similar import KnownIncident
+    from runbooks.collect.bundle import open_bundle
+    from runbooks.diagnose.classify import evidence_text
+    from runbooks.diagnose.facts import gather
+    from runbooks.diagnose.similar import KnownIncident
 
     lines = []
     for case in sorted(p for p in CORPUS.iterdir() if (p / "case.yaml").exists()):

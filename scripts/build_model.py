@@ -5,7 +5,8 @@ For every corpus case with words of its own: the text the classifier gives the m
 (``classify.model_input``: the salient lines as similar-incident search reads them, without a
 kernel log whose OOM kills were all another container's, plus words for the structured facts)
 and its label. The model: TF-IDF over words + adjacent-word pairs and over character 3-5-grams
-inside words (``runbooks/learned.py`` holds the two analyzers, shared with the scorer), each block
+inside words (``runbooks/diagnose/learned.py`` holds the two analyzers, shared with the scorer),
+each block
 L2-normalised, then scikit-learn's multinomial LogisticRegression (L2, C=10).
 
 Calibration and the threshold come from held-out folds, never from the cases a model was trained
@@ -46,7 +47,7 @@ CORPUS = ROOT / "tests" / "corpus"
 TARGET = ROOT / "runbooks" / "knowledge" / "model.npz"
 sys.path.insert(0, str(ROOT))
 
-from runbooks.learned import ANALYZERS, Model  # noqa: E402
+from runbooks.diagnose.learned import ANALYZERS, Model  # noqa: E402
 
 C = 10.0  # inverse L2 strength (held-out accuracy is flat between 3 and 30)
 MIN_DF = 2  # a feature seen in one training document only is that document's, not a wording
@@ -63,7 +64,7 @@ class Case:
     group: str  # repository or site of the thread
     text: str  # what the model reads (classify.model_input)
     source: str
-    facts: Any = None  # runbooks.facts.Facts of its bundle
+    facts: Any = None  # runbooks.diagnose.facts.Facts of its bundle
 
 
 def source_group(url: str) -> str:
@@ -80,9 +81,9 @@ def source_group(url: str) -> str:
 
 def corpus_cases(corpus: Path = CORPUS) -> list[Case]:
     """Every case of the corpus with its evidence text (the case.yaml is never evidence)."""
-    from runbooks.bundle import open_bundle
-    from runbooks.classify import model_input
-    from runbooks.facts import gather
+    from runbooks.collect.bundle import open_bundle
+    from runbooks.diagnose.classify import model_input
+    from runbooks.diagnose.facts import gather
 
     cases = []
     for case in sorted(p for p in corpus.iterdir() if (p / "case.yaml").exists()):
@@ -156,7 +157,7 @@ def fit(counts: Counts, train: np.ndarray, labels: Sequence[str]) -> dict[str, A
 
 
 def to_model(arrays: dict[str, Any], temperature: float = 1.0, threshold: float = 0.9) -> Model:
-    """A runtime model (runbooks/learned.py) from trained arrays."""
+    """A runtime model (runbooks/diagnose/learned.py) from trained arrays."""
     meta = {"temperature": temperature, "threshold": threshold}
     return Model.from_arrays({**_packed(arrays), "meta": json.dumps(meta)})
 
@@ -169,7 +170,7 @@ def held_out(
     classes: Sequence[str],
 ) -> np.ndarray:
     """Probabilities (uncalibrated) of every case from the model of the fold it was held out of,
-    scored by the runtime scorer (runbooks/learned.py) as the diagnosis scores it."""
+    scored by the runtime scorer (runbooks/diagnose/learned.py) as the diagnosis scores it."""
     from threadpoolctl import threadpool_limits
 
     probs = np.zeros((len(labels), len(classes)))
@@ -334,9 +335,9 @@ def classify_held_out(
     `fitted` caches the fold models by held-out rows."""
     from threadpoolctl import threadpool_limits
 
-    from runbooks.classify import diagnose
-    from runbooks.learned import packaged_model
-    from runbooks.similar import index_for
+    from runbooks.diagnose.classify import diagnose
+    from runbooks.diagnose.history import index_for
+    from runbooks.diagnose.learned import packaged_model
 
     packaged = packaged_model()
     temperature = packaged.temperature if packaged else 1.0

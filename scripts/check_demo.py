@@ -130,7 +130,7 @@ def _auth_headers() -> dict[str, str]:
     if not auth:
         sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
         from flows.server import AUTH_FILE, prefect_home
-        from runbooks.settings import load_settings
+        from runbooks.core.settings import load_settings
 
         try:
             auth = (prefect_home(load_settings()) / AUTH_FILE).read_text(encoding="utf-8").strip()

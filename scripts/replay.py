@@ -33,12 +33,12 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from runbooks.classify import classify_path
-from runbooks.collect import collect
-from runbooks.inventory import load_inventory
-from runbooks.runbook import Runbook
-from runbooks.settings import load_settings
-from runbooks.target import resolve_target
+from runbooks.collect.collector import collect
+from runbooks.collect.inventory import load_inventory
+from runbooks.collect.target import resolve_target
+from runbooks.core.runbook import Runbook
+from runbooks.core.settings import load_settings
+from runbooks.diagnose.classify import classify_path
 from tests.lab import replay
 
 SAMPLE_PER_CLASS = 3

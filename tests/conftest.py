@@ -16,7 +16,7 @@ from typing import Any
 import docker
 import pytest
 
-from runbooks.settings import Settings
+from runbooks.core.settings import Settings
 from tests.fleet import Fleet, postgres, prefect_on
 from tests.lab.lab import IMAGE, LabState, down, lab_dir, up
 

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from uuid import UUID
 
-from runbooks.settings import Settings
+from runbooks.core.settings import Settings
 
 ROOT = Path(__file__).parents[1]
 PREFECT = [str(Path(sys.executable).parent / "prefect")]

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from flows.alerts import Seen, parse_alertmanager, receive
-from runbooks.inventory import Host, Inventory
+from runbooks.collect.inventory import Host, Inventory
 
 TOKEN = "ghp_" + "Zq7Kx2Lm9Np4Rs8Tv3Wy6Ab1Cd5Ef0Gh2Jk4"  # the GitHub format (ghp_ + 36)
 INVENTORY = Inventory(hosts={"node07": Host(name="node07", address="10.0.0.7")})
@@ -71,7 +71,7 @@ def test_the_receiver_refuses_the_example_token(tmp_path: Path) -> None:
     import pytest
 
     from flows.alerts import make_server
-    from runbooks.errors import InputError
+    from runbooks.core.errors import InputError
 
     with pytest.raises(InputError, match="example"):
         make_server("127.0.0.1", 0, "change-me-long-random", INVENTORY, Seen())

@@ -15,12 +15,12 @@ from pathlib import Path
 
 import pytest
 
-from runbooks import ansible_inventory as ansible
-from runbooks.errors import InputError
-from runbooks.inventory import Host, load_inventory
-from runbooks.remote.ssh import SshRunner
-from runbooks.settings import Settings
-from runbooks.target import resolve_target
+from runbooks.collect import ansible_inventory as ansible
+from runbooks.collect.inventory import Host, load_inventory
+from runbooks.collect.remote.ssh import SshRunner
+from runbooks.collect.target import resolve_target
+from runbooks.core.errors import InputError
+from runbooks.core.settings import Settings
 from tests.lab.lab import LabState
 
 FIXTURES = Path(__file__).parent / "fixtures" / "inventory"

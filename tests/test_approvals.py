@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Any
 from uuid import UUID
 
-from runbooks.approvals import identity, refusal
-from runbooks.settings import Settings
+from runbooks.core.settings import Settings
+from runbooks.fix.approvals import identity, refusal
 from tests.test_fix import CLI, fix_settings, volume, volume_text  # noqa: F401 - fixtures
 from tests.test_flows import cudamedic, env, field, shm_container  # noqa: F401 - fixtures
 
@@ -53,7 +53,12 @@ def test_the_rule_as_a_function() -> None:
 
 
 def test_proofs_establish_identities_and_nothing_else_does() -> None:
-    from runbooks.approvals import answer_established, answer_proof, start_established, start_proof
+    from runbooks.fix.approvals import (
+        answer_established,
+        answer_proof,
+        start_established,
+        start_proof,
+    )
 
     s = Settings(slack_bot_token="xoxb-test-token", approval_key="k" * 32)
     run = "0b9f0000-0000-4000-8000-000000000000"
@@ -112,7 +117,7 @@ def test_every_path_obeys_the_rule_and_the_trail_is_one(
     tmp_path: Path,
 ) -> None:
     from flows.triage import verdict, wait_until_paused
-    from runbooks.journal import now
+    from runbooks.fix.journal import now
 
     shm_container(make_container, container_name, volume)
     data = volume_text(gpu_engine, volume)

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from runbooks.bundle import MAX_TAR_MEMBERS
-from runbooks.classify import classify_path
-from runbooks.errors import InputError
+from runbooks.collect.bundle import MAX_TAR_MEMBERS
+from runbooks.core.errors import InputError
+from runbooks.diagnose.classify import classify_path
 
 
 def _tiny_files(root: Path, n: int) -> Path:

@@ -13,10 +13,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from runbooks.classify import classify_path
-from runbooks.logscan import ere_patterns, scan_stream, scan_text, signatures
-from runbooks.rules import PRIORITY, RULES
-from runbooks.taxonomy import Incident
+from runbooks.core.taxonomy import Incident
+from runbooks.diagnose.classify import classify_path
+from runbooks.diagnose.logscan import ere_patterns, scan_stream, scan_text, signatures
+from runbooks.diagnose.rules import PRIORITY, RULES
 
 CORPUS = Path(__file__).parent / "corpus"
 SPEC = Path(__file__).parents[1] / "docs" / "spec"  # the project's own copy of the shared spec
@@ -362,7 +362,7 @@ def test_log_scanning_from_many_threads_at_once() -> None:
     scratch space must not be (hyperscan raised ScratchInUseError, seen in a CI sweep)."""
     import threading
 
-    from runbooks.logscan import scan_text
+    from runbooks.diagnose.logscan import scan_text
 
     line = (
         "ERROR: Unexpected bus error encountered in worker. This might be caused by insufficient "

@@ -11,12 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from runbooks.bundle import BundleMeta
-from runbooks.collect import collect
-from runbooks.errors import InputError
-from runbooks.inventory import Host, load_inventory
-from runbooks.settings import Settings
-from runbooks.target import Target, resolve_target
+from runbooks.collect.bundle import BundleMeta
+from runbooks.collect.collector import collect
+from runbooks.collect.inventory import Host, load_inventory
+from runbooks.collect.target import Target, resolve_target
+from runbooks.core.errors import InputError
+from runbooks.core.settings import Settings
 from tests.lab.lab import FIXTURES, LabState
 from tests.lab.scenarios import SCENARIOS
 
@@ -197,8 +197,7 @@ def test_output_that_arrives_with_the_exit_status_is_kept(
     healthy. Here the scheduler's worst case is made certain: paramiko's stderr check (the one
     between them) returns only once the command has exited."""
     import paramiko
-
-    from runbooks.remote.ssh import SshRunner
+    from runbooks.collect.remote.ssh import SshRunner
 
     checked = paramiko.Channel.recv_stderr_ready
 
@@ -227,7 +226,7 @@ def test_a_connection_that_drops_is_a_failed_command_not_a_crash(
     """Seen in bench_sweep.py on a saturated machine: the SSH connection of a host went away in
     the middle of its collection, and every later command raised ("source ... crashed" with a
     traceback). A command on a dropped connection is a failed command with the reason."""
-    from runbooks.remote.ssh import SshRunner
+    from runbooks.collect.remote.ssh import SshRunner
 
     tgt = target(settings, "gpu-healthy")
     assert tgt.host is not None
@@ -459,7 +458,7 @@ def test_collect_through_a_jump_host(settings: Settings, lab: LabState, tmp_path
 
 
 def test_docker_py_internals_we_subclass_are_as_checked() -> None:
-    """runbooks/remote/docker.py subclasses docker-py's SSH transport (no public form for a
+    """runbooks/collect/remote/docker.py subclasses docker-py's SSH transport (no public form for a
     transport over our own paramiko session). Pin what it relies on, so an upgrade that changes
     them fails here, not in the field."""
     import inspect
@@ -467,7 +466,7 @@ def test_docker_py_internals_we_subclass_are_as_checked() -> None:
     import docker
     from docker.transport.sshconn import SSHConnection, SSHConnectionPool, SSHHTTPAdapter
 
-    from runbooks.remote.docker import DOCKER_PY_CHECKED
+    from runbooks.collect.remote.docker import DOCKER_PY_CHECKED
 
     assert tuple(int(p) for p in docker.__version__.split(".")[:1]) == DOCKER_PY_CHECKED
     assert "ssh_transport" in inspect.signature(SSHConnection.__init__).parameters

@@ -3,9 +3,9 @@
 One test per case checks that classification runs and gives a valid id. The accuracy tests
 classify every case with what it was held out of, twice: leave-one-out (the case alone is left
 out of the similar-incident index) and leave-one-repository-out (every case whose thread is in
-the same repository or site is). In both, the learned model (runbooks/learned.py) that scores a
-case is the one of its grouped fold: trained by the code of scripts/build_model.py on the other
-folds of a 10-fold split by repository or site, so it never saw the case's project. The
+the same repository or site is). In both, the learned model (runbooks/diagnose/learned.py) that
+scores a case is the one of its grouped fold: trained by the code of scripts/build_model.py on
+the other folds of a 10-fold split by repository or site, so it never saw the case's project. The
 classifier before the model (rules, similar incidents and the words used alone:
 `diagnose(model=None)`) is scored the same way beside it. The figures, per-class recall and the
 reliability tables are printed in the session summary (see conftest). A case's case.yaml (the
@@ -27,8 +27,8 @@ from typing import Any
 import pytest
 import yaml
 
-from runbooks.classify import classify_path
-from runbooks.taxonomy import Incident
+from runbooks.core.taxonomy import Incident
+from runbooks.diagnose.classify import classify_path
 
 sys.path.insert(0, str(Path(__file__).parent.parent / "scripts"))
 import build_model
@@ -123,7 +123,7 @@ def test_packaged_model_is_the_corpus() -> None:
 def test_the_packaged_model_is_small_data_without_pickle() -> None:
     import numpy as np
 
-    from runbooks.learned import MODEL_FILE, packaged_model
+    from runbooks.diagnose.learned import MODEL_FILE, packaged_model
 
     path = Path(__file__).parent.parent / "runbooks" / "knowledge" / MODEL_FILE
     assert path.stat().st_size < 3_000_000
@@ -144,7 +144,7 @@ def test_the_runtime_scorer_gives_scikit_learns_probabilities() -> None:
     from sklearn.feature_extraction.text import TfidfVectorizer
     from sklearn.linear_model import LogisticRegression
 
-    from runbooks.learned import char_features, word_features
+    from runbooks.diagnose.learned import char_features, word_features
 
     cases = [c for c in _held_out_data()["cases"] if c.text]  # what the model reads
     train = np.arange(0, len(cases), 2)
@@ -247,7 +247,7 @@ def _score(name: str, folds: str, learned: bool) -> dict[str, Any]:
 
 
 def threshold() -> float:  # the packaged model's, read when asked
-    from runbooks.learned import packaged_model
+    from runbooks.diagnose.learned import packaged_model
 
     model = packaged_model()
     return model.threshold if model is not None else 1.0

@@ -1,6 +1,7 @@
 """NVIDIA DCGM (issue 29, part 1): `dcgmi discovery -l`, `health -c` and `diag -r N` read from
 recorded real outputs (tests/fixtures/dcgmi/, each with its .source), judged by the one engine
-(runbooks/health.py findings, runbooks/rules.py proof), collected live from the lab's
+(runbooks/diagnose/health.py findings, runbooks/diagnose/rules.py proof), collected live from the
+lab's
 simulated host that has DCGM (gpu-xid79), skipped quietly on hosts that do not, and run by a
 triage (`dcgmi diag -r 1`) when it suspects the hardware.
 
@@ -17,15 +18,19 @@ from pathlib import Path
 
 import pytest
 
-from runbooks.bundle import BundleMeta, open_bundle
-from runbooks.classify import classify_path
-from runbooks.collect import collect
-from runbooks.errors import InputError
-from runbooks.evidence.dcgmi import parse_dcgmi_diag, parse_dcgmi_discovery, parse_dcgmi_health
-from runbooks.facts import gather, reader_of
-from runbooks.health import check_host
-from runbooks.runbook import Thresholds
-from runbooks.settings import Settings
+from runbooks.collect.bundle import BundleMeta, open_bundle
+from runbooks.collect.collector import collect
+from runbooks.collect.evidence.dcgmi import (
+    parse_dcgmi_diag,
+    parse_dcgmi_discovery,
+    parse_dcgmi_health,
+)
+from runbooks.core.errors import InputError
+from runbooks.core.runbook import Thresholds
+from runbooks.core.settings import Settings
+from runbooks.diagnose.classify import classify_path
+from runbooks.diagnose.facts import gather, reader_of
+from runbooks.diagnose.health import check_host
 from tests.lab.lab import LabState
 from tests.test_fix import CLI, cli_env, fix_settings, target  # noqa: F401 - fixtures
 
@@ -162,8 +167,8 @@ def _meta(bundle: Path) -> BundleMeta:
 def test_sweep_collects_dcgm_where_installed_and_skips_quietly_elsewhere(
     settings: Settings,
 ) -> None:
-    from runbooks.runbook import load_runbook
-    from runbooks.sweep import assess
+    from runbooks.core.runbook import load_runbook
+    from runbooks.diagnose.sweep import assess
 
     book = load_runbook(None, "sweep")
     with_dcgm = collect(target(settings, "gpu-xid79"), settings, runbook=book)
@@ -189,7 +194,7 @@ def test_sweep_collects_dcgm_where_installed_and_skips_quietly_elsewhere(
 def test_diag_level_1_runs_into_the_bundle_and_level_3_needs_a_person(
     settings: Settings, tmp_path: Path
 ) -> None:
-    from runbooks.dcgm import run_diag
+    from runbooks.collect.dcgm import run_diag
 
     bundle = collect(target(settings, "gpu-xid79"), settings)
     with pytest.raises(InputError, match="approval"):

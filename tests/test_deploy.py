@@ -16,7 +16,7 @@ from uuid import UUID
 
 import pytest
 
-from runbooks.settings import Settings
+from runbooks.core.settings import Settings
 from tests.fleet import PREFECT, ROOT, flow_name, pause_schedules, stop_processes, taken
 from tests.lab.lab import LabState
 from tests.test_fix import cli_env, fix_settings  # noqa: F401 - fixture
@@ -365,7 +365,7 @@ def test_systemd_units_limit_open_files() -> None:
     """Every unit caps its file descriptors (issue 15: idle connections past the fd limit made
     the alert receiver unreachable); the HTTP endpoints' cap leaves room above their connection
     limit (settings http_max_connections)."""
-    from runbooks.settings import Settings
+    from runbooks.core.settings import Settings
 
     units = sorted((ROOT / "deploy" / "systemd").glob("*.service"))
     assert len(units) >= 5

@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from runbooks import history
-from runbooks.classify import classify_path, render_explain, render_text, to_json
-from runbooks.errors import InputError
-from runbooks.logscan import signature
-from runbooks.rules import build_runs_on, compute_capability
+from runbooks.core.errors import InputError
+from runbooks.diagnose import history
+from runbooks.diagnose.classify import classify_path, render_explain, render_text, to_json
+from runbooks.diagnose.logscan import signature
+from runbooks.diagnose.rules import build_runs_on, compute_capability
 
 FIXTURES = Path(__file__).parent / "fixtures"
 CORPUS = Path(__file__).parent / "corpus"
@@ -222,7 +222,7 @@ def test_a_pasted_line_gets_its_most_likely_class_marked_as_a_guess(
 def test_every_glibc_translation_of_killed_and_bus_error_is_recognised() -> None:
     import yaml
 
-    from runbooks.logscan import scan_text
+    from runbooks.diagnose.logscan import scan_text
 
     data = yaml.safe_load(
         (Path(__file__).parent.parent / "runbooks/knowledge/signals.yaml").read_text()
@@ -290,7 +290,8 @@ def test_incidents_of_another_cause_come_after_same_cause_ones_and_are_marked() 
 def test_confirmed_team_incidents_are_cited_beside_the_public_threads(tmp_path: Path) -> None:
     from datetime import UTC, datetime
 
-    from runbooks.similar import index_for, public_incidents
+    from runbooks.diagnose.history import index_for
+    from runbooks.diagnose.similar import public_incidents
 
     case = CORPUS / SHM_CASE
     text = next(c.text for c in public_incidents() if c.id == case.name)
@@ -336,7 +337,7 @@ def test_evidence_is_shown_escaped_in_the_terminal(tmp_path: Path) -> None:
 
 
 def test_the_issue_families_name_where_they_were_seen() -> None:
-    from runbooks.logscan import signatures
+    from runbooks.diagnose.logscan import signatures
 
     families = {
         "gsp-reset-required",

@@ -13,17 +13,17 @@ from typing import Any
 import docker
 import pytest
 
-from runbooks.fixer import execute, prepare, refusal
-from runbooks.fixes import plan_fix
-from runbooks.fixlock import PREFIX
-from runbooks.inventory import load_inventory
-from runbooks.journal import Journal, audit, container_lock
-from runbooks.model import ContainerChange, Fix
-from runbooks.policy import Policy
-from runbooks.recreate import apply_plan
-from runbooks.remote.docker import DockerEngine
-from runbooks.settings import Settings
-from runbooks.target import Target, resolve_target
+from runbooks.collect.inventory import load_inventory
+from runbooks.collect.remote.docker import DockerEngine
+from runbooks.collect.target import Target, resolve_target
+from runbooks.core.model import ContainerChange, Fix
+from runbooks.core.policy import Policy
+from runbooks.core.settings import Settings
+from runbooks.fix.fixer import execute, prepare, refusal
+from runbooks.fix.fixlock import PREFIX
+from runbooks.fix.journal import Journal, audit, container_lock
+from runbooks.fix.plan import plan_fix
+from runbooks.fix.recreate import apply_plan
 from tests.lab.lab import IMAGE, LabState
 
 CLI = [sys.executable, "-m", "runbooks.cli"]
@@ -395,8 +395,8 @@ def test_the_fix_cap_counts_the_whole_fleet_from_prefect(
     """Issue 17: two fixes audited by worker A (its own STATE_DIR) count against worker B's cap:
     B reads the fleet's `cudamedic.fix.applied` events from the Prefect server. Another fleet's
     fixes do not count; with Prefect unreachable B falls back to its own log, without waiting."""
-    from runbooks.audit import flush
-    from runbooks.journal import applied_within
+    from runbooks.fix.audit import flush
+    from runbooks.fix.journal import applied_within
 
     a, b = tmp_path / "worker-a", tmp_path / "worker-b"
     fleet = "t-cap-" + tmp_path.name[-20:].lower().replace("_", "-")
@@ -679,8 +679,7 @@ def test_a_check_whose_exec_output_was_lost_is_asked_again(
     `--gpus` fix then read "0 GPUs" and rolled it back. Here the container's `nvidia-smi` (the
     lab's toolkit shim) answers its first call with exit 0 and nothing, as a lost output reads."""
     from docker.types import DeviceRequest
-
-    from runbooks.recreate import _gpus_check
+    from runbooks.fix.recreate import _gpus_check
 
     smi = "/usr/local/bin/nvidia-smi"
     once = (

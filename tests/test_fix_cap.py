@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from runbooks.audit import CountUnknown, applied_in_fleet, flush, line
-from runbooks.fixer import refusal
-from runbooks.journal import audit, now
-from runbooks.policy import Policy
-from runbooks.settings import Settings
+from runbooks.core.policy import Policy
+from runbooks.core.settings import Settings
+from runbooks.fix.audit import CountUnknown, applied_in_fleet, flush, line
+from runbooks.fix.fixer import refusal
+from runbooks.fix.journal import audit, now
 
 
 def _fleet(tmp_path: Path, tag: str) -> str:

@@ -12,8 +12,8 @@ from typing import Any
 
 import docker
 
-from runbooks.fixlock import FixRecord, Holder, holder_labels, lock_name, record_labels
-from runbooks.settings import Settings
+from runbooks.core.settings import Settings
+from runbooks.fix.fixlock import FixRecord, Holder, holder_labels, lock_name, record_labels
 from tests.lab.lab import IMAGE, LabState
 from tests.test_fix import fix_settings, run_cli  # noqa: F401 - fixture
 

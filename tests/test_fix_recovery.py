@@ -23,9 +23,9 @@ from typing import Any
 import docker
 import pytest
 
-from runbooks.fixlock import PREFIX
-from runbooks.names import FIX_LOCK_SUFFIX
-from runbooks.recreate import BOUNDARIES
+from runbooks.core.names import FIX_LOCK_SUFFIX
+from runbooks.fix.fixlock import PREFIX
+from runbooks.fix.recreate import BOUNDARIES
 from tests.lab.lab import IMAGE, LabState
 from tests.test_fix import CLI, GPU_WORKLOAD, names_like, volume_text
 
@@ -291,7 +291,7 @@ def test_a_lock_from_a_hostile_or_broken_target_is_read_without_raising() -> Non
     within a day, never a traceback."""
     from datetime import UTC, datetime
 
-    from runbooks.fixlock import (
+    from runbooks.fix.fixlock import (
         FixRecord,
         Holder,
         holder_labels,

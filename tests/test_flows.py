@@ -16,7 +16,7 @@ import pytest
 import yaml
 from docker.types import DeviceRequest
 
-from runbooks.settings import Settings
+from runbooks.core.settings import Settings
 from tests.lab.lab import LabState, _free_port
 from tests.test_fix import (  # noqa: F401 - fixtures
     CLI,
@@ -32,7 +32,8 @@ GPUS_ALL = [DeviceRequest(count=-1, capabilities=[["gpu"]])]
 
 @pytest.fixture
 def env(prefect_api: str, lab: LabState, fix_settings: Settings) -> dict[str, str]:  # noqa: F811
-    # Root run by alice through sudo: answers from this CLI are `os:alice` (runbooks/approvals.py).
+    # Root run by alice through sudo: answers from this CLI are `os:alice`
+    # (runbooks/fix/approvals.py).
     return cli_env(lab, fix_settings, PREFECT_API_URL=prefect_api, SUDO_USER="alice")
 
 

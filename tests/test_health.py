@@ -7,12 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from runbooks import breaker
-from runbooks.bundle import open_bundle
-from runbooks.errors import InputError
-from runbooks.facts import Facts, gather, parse_uptime
-from runbooks.health import HostHealth, check_host, diff, snapshot
-from runbooks.runbook import Breaker, Thresholds, load_runbook, parse_runbook
+from runbooks.collect.bundle import open_bundle
+from runbooks.core.errors import InputError
+from runbooks.core.runbook import Breaker, Thresholds, load_runbook, parse_runbook
+from runbooks.diagnose.facts import Facts, gather, parse_uptime
+from runbooks.diagnose.health import HostHealth, check_host, diff, snapshot
+from runbooks.fix import breaker
 
 FIX = Path(__file__).parent / "fixtures"
 XID79_STAMP = 74889.644138  # the Xid 79 line of dmesg/xid79-fallen-off-bus-aer.txt

@@ -10,9 +10,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from runbooks.health import snapshot, with_history
-from runbooks.runbook import Thresholds
-from runbooks.sweep import failed_result
+from runbooks.core.runbook import Thresholds
+from runbooks.diagnose.health import snapshot, with_history
+from runbooks.diagnose.sweep import failed_result
 from tests.test_fix import fix_settings  # noqa: F401 - fixture
 from tests.test_flows import (  # noqa: F401 - fixture
     cudamedic,
@@ -70,7 +70,7 @@ def test_a_check_that_did_not_run_is_not_checked_never_resolved(
 
 def test_an_unreachable_host_keeps_its_findings() -> None:
     """A host whose check failed said nothing about its GPUs: its findings stay."""
-    from runbooks.health import HealthFinding, HostHealth
+    from runbooks.diagnose.health import HealthFinding, HostHealth
 
     before = snapshot(
         [

@@ -127,7 +127,7 @@ def test_a_fifo_is_refused_instead_of_hanging(tmp_path: Path) -> None:
 
 
 def test_big_files_are_streamed_not_held_in_memory(tmp_path: Path) -> None:
-    from runbooks.bundle import MEMORY_BUDGET_BYTES, open_bundle
+    from runbooks.collect.bundle import MEMORY_BUDGET_BYTES, open_bundle
 
     root = tmp_path / "b"
     (root / "containers").mkdir(parents=True)
@@ -142,7 +142,7 @@ def test_big_files_are_streamed_not_held_in_memory(tmp_path: Path) -> None:
 def test_an_xml_of_half_a_million_gpus_is_refused_quickly() -> None:
     import time
 
-    from runbooks.evidence.nvidia_smi import parse_nvidia_smi_xml
+    from runbooks.collect.evidence.nvidia_smi import parse_nvidia_smi_xml
 
     started = time.monotonic()
     facts = parse_nvidia_smi_xml("<nvidia_smi_log>" + "<gpu/>" * 500_000 + "</nvidia_smi_log>")

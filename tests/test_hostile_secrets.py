@@ -12,10 +12,10 @@ from pathlib import Path
 import docker
 import pytest
 
-from runbooks.dockerrun import run_args
-from runbooks.redact import MASK, name_is_secret, redact_argv, redact_json, redact_text
-from runbooks.remote.runner import BoundedBuffer
-from runbooks.settings import Settings
+from runbooks.collect.redact import MASK, name_is_secret, redact_argv, redact_json, redact_text
+from runbooks.collect.remote.runner import BoundedBuffer
+from runbooks.core.settings import Settings
+from runbooks.fix.dockerrun import run_args
 from tests.lab.lab import LabState
 from tests.test_fix import CLI, cli_env, fix_settings  # noqa: F401 - fixture
 

@@ -25,9 +25,9 @@ from pydantic import SecretStr
 
 from flows.alerts import Seen, make_server
 from flows.http import Limits
-from flows.slack import SlackApp
-from runbooks.inventory import Host, Inventory
-from runbooks.settings import Settings
+from flows.slack.app import SlackApp
+from runbooks.collect.inventory import Host, Inventory
+from runbooks.core.settings import Settings
 from tests.slackfake import FakeSlack, fake_slack
 from tests.test_slack import SECRET, command, post, signed
 
@@ -103,7 +103,7 @@ import resource, sys
 resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64))
 from flows.alerts import Seen, make_server
 from flows.http import Limits
-from runbooks.inventory import Inventory
+from runbooks.collect.inventory import Inventory
 limits = Limits(max_connections=32, header_timeout=3)
 server = make_server("127.0.0.1", 0, "t", Inventory(hosts={}), Seen(), limits)
 server.bind()

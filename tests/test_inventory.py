@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from runbooks.errors import InputError
-from runbooks.inventory import load_inventory
-from runbooks.names import container_name
-from runbooks.settings import load_settings
-from runbooks.target import resolve_target
+from runbooks.collect.inventory import load_inventory
+from runbooks.collect.target import resolve_target
+from runbooks.core.errors import InputError
+from runbooks.core.names import container_name
+from runbooks.core.settings import load_settings
 
 
 def write(tmp_path: Path, name: str, text: str) -> Path:

@@ -21,10 +21,10 @@ from pathlib import Path
 
 import pytest
 
-from runbooks import history
-from runbooks.classify import classify_path
-from runbooks.settings import Settings
-from runbooks.similar import public_incidents
+from runbooks.core.settings import Settings
+from runbooks.diagnose import history
+from runbooks.diagnose.classify import classify_path
+from runbooks.diagnose.similar import public_incidents
 from tests.test_reports import sample
 
 CORPUS = Path(__file__).parent / "corpus"
@@ -142,7 +142,7 @@ def _git(*args: str) -> str:
 
 
 def test_post_mortems_go_to_a_git_repository_with_an_index(tmp_path: Path) -> None:
-    from runbooks.fixer import save_postmortem
+    from runbooks.fix.fixer import save_postmortem
 
     remote = tmp_path / "kb.git"
     _git("init", "--quiet", "--bare", str(remote))
@@ -190,7 +190,7 @@ def test_post_mortems_go_to_a_git_repository_with_an_index(tmp_path: Path) -> No
 
 
 def test_a_repository_that_cannot_be_cloned_never_loses_the_report(tmp_path: Path) -> None:
-    from runbooks.fixer import save_postmortem
+    from runbooks.fix.fixer import save_postmortem
 
     settings = Settings(
         state_dir=tmp_path / "state",

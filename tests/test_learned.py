@@ -21,9 +21,15 @@ import pytest
 from reports.render import PostMortem, render_markdown
 from reports.slack import why_messages
 from runbooks import knowledge
-from runbooks.classify import diagnose, render_explain, render_text, tells_apart, to_json
-from runbooks.learned import Model, char_features, model_text, packaged_model, word_features
-from runbooks.similar import index_for
+from runbooks.diagnose.classify import diagnose, render_explain, render_text, tells_apart, to_json
+from runbooks.diagnose.history import index_for
+from runbooks.diagnose.learned import (
+    Model,
+    char_features,
+    model_text,
+    packaged_model,
+    word_features,
+)
 
 sys.path.insert(0, str(Path(__file__).parent.parent / "scripts"))
 import build_model
@@ -181,7 +187,7 @@ def test_a_matched_message_is_withheld_when_the_model_is_sure_of_another_class()
     this very thread, whose cause was a bad instance) is sure of gpu-hardware-fault. Neither
     is named; the check from classes.yaml `apart` tells them apart."""
     case = CORPUS / "gpu-hardware-fault--vllm-ray-nccl-unhandled-cuda-error-bad-instance"
-    from runbooks.classify import classify_path
+    from runbooks.diagnose.classify import classify_path
 
     d = classify_path(case)
     assert d.incident == "unknown" and d.basis == "model", render_text(d)
@@ -230,9 +236,9 @@ def test_another_containers_oom_kills_on_a_shared_host_are_not_read(tmp_path: Pa
     containers only (recorded on the test machine). The model reads the container's words, not
     the other workloads' kills: the verdict is the one of the line pasted alone (the live path
     once disputed it, the model being sure of a host OOM kill)."""
-    from runbooks.bundle import open_bundle
-    from runbooks.classify import classify_path, model_input
-    from runbooks.facts import gather
+    from runbooks.collect.bundle import open_bundle
+    from runbooks.diagnose.classify import classify_path, model_input
+    from runbooks.diagnose.facts import gather
 
     shared = Path(__file__).parent / "fixtures" / "shared-host"
     name = json.loads((shared / "inspect.json").read_text())["Name"].lstrip("/")
@@ -267,7 +273,7 @@ def test_the_scorer_reads_hostile_text_in_bounded_time() -> None:
 
 
 def test_every_apart_check_names_a_class_of_the_taxonomy() -> None:
-    from runbooks.taxonomy import Incident
+    from runbooks.core.taxonomy import Incident
 
     table = knowledge.class_table()
     ids = {i.value for i in Incident}

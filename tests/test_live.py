@@ -1,7 +1,8 @@
 """The live path, where users meet the diagnosis: a running container on the lab, collected, then
 classified, must get the verdict its evidence gets offline.
 
-- The reader table (runbooks/facts.py READERS): a file is read by what produced it, never by
+- The reader table (runbooks/diagnose/facts.py READERS): a file is read by what produced it, never
+  by
   whether cudamedic collected it (a collected container log was once read as nvidia-smi output,
   so live triage never saw what the workload printed).
 - Ten real error texts (each a line of a corpus case, whose case.yaml names its public thread),
@@ -29,10 +30,10 @@ import docker
 import pytest
 import yaml
 
-from runbooks.classify import classify_path
-from runbooks.facts import READERS, reader_of
-from runbooks.runbook import load_runbook
-from runbooks.settings import Settings
+from runbooks.core.runbook import load_runbook
+from runbooks.core.settings import Settings
+from runbooks.diagnose.classify import classify_path
+from runbooks.diagnose.facts import READERS, reader_of
 from tests.lab import replay
 from tests.lab.lab import IMAGE, LabState
 from tests.test_fix import CLI, cli_env, fix_settings  # noqa: F401 - fixtures

@@ -22,7 +22,7 @@ import pytest
 from prometheus_client import generate_latest
 from prometheus_client.registry import CollectorRegistry
 
-from runbooks.metrics import HostMetrics, SweepMetrics, families
+from runbooks.diagnose.metrics import HostMetrics, SweepMetrics, families
 from tests import prom
 from tests.fleet import ROOT
 from tests.lab.lab import FIXTURES, LabState

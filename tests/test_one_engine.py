@@ -8,19 +8,19 @@ from pathlib import Path
 
 import pytest
 
-from runbooks.bundle import open_bundle
-from runbooks.classify import classify_path, diagnose
-from runbooks.collect import collect
-from runbooks.facts import Facts, gather
-from runbooks.health import check_host
-from runbooks.inventory import load_inventory
-from runbooks.model import Diagnosis
-from runbooks.rules import STRONG
-from runbooks.runbook import Thresholds, load_runbook
-from runbooks.settings import Settings
-from runbooks.sweep import HostResult, assess
-from runbooks.target import resolve_target
-from runbooks.taxonomy import Incident
+from runbooks.collect.bundle import open_bundle
+from runbooks.collect.collector import collect
+from runbooks.collect.inventory import load_inventory
+from runbooks.collect.target import resolve_target
+from runbooks.core.model import Diagnosis
+from runbooks.core.runbook import Thresholds, load_runbook
+from runbooks.core.settings import Settings
+from runbooks.core.taxonomy import Incident
+from runbooks.diagnose.classify import classify_path, diagnose
+from runbooks.diagnose.facts import Facts, gather
+from runbooks.diagnose.health import check_host
+from runbooks.diagnose.rules import STRONG
+from runbooks.diagnose.sweep import HostResult, assess
 from tests.lab.lab import LabState
 
 CORPUS = Path(__file__).parent / "corpus"
@@ -92,7 +92,7 @@ def test_a_threshold_from_the_runbook_moves_both_verdicts() -> None:
 
 
 def test_every_sweep_code_names_a_class() -> None:
-    from runbooks.health import incident_of
+    from runbooks.diagnose.health import incident_of
 
     assert incident_of("xid-79") == Incident.GPU_HARDWARE_FAULT
     assert incident_of("xid-13") == Incident.CUDA_ILLEGAL_ACCESS

@@ -20,9 +20,9 @@ from typing import Any
 
 import pytest
 
-from runbooks.evidence.dmesg import parse_kernel_log
-from runbooks.evidence.nccl_tests import parse_nccl_tests
-from runbooks.evidence.nvidia_smi import (
+from runbooks.collect.evidence.dmesg import parse_kernel_log
+from runbooks.collect.evidence.nccl_tests import parse_nccl_tests
+from runbooks.collect.evidence.nvidia_smi import (
     SmiFacts,
     SmiXmlFacts,
     normalize_bus_id,
@@ -334,7 +334,7 @@ def test_docker_time_reads_what_docker_prints_and_nothing_else() -> None:
     info`'s SystemTime): nanoseconds, `Z` or an offset; the zero time and garbage are None."""
     from datetime import UTC, datetime, timedelta, timezone
 
-    from runbooks.evidence.docker_inspect import docker_time
+    from runbooks.collect.evidence.docker_inspect import docker_time
 
     # Docker Remote API v1.18 reference (docker/docker docs/reference/api/
     # docker_remote_api_v1.18.md), the example responses of GET /containers/(id)/json and GET /info

@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 import yaml
 
-from runbooks.settings import Settings
+from runbooks.core.settings import Settings
 from tests.test_fix import fix_settings, volume  # noqa: F401 - fixtures
 from tests.test_flows import env, shm_container  # noqa: F401 - fixtures
 
@@ -94,7 +94,7 @@ def _flow_as_a_worker_runs_it(
     code = (
         "import sys, json\n"
         "from flows.server import configure\n"
-        "from runbooks.settings import load_settings\n"
+        "from runbooks.core.settings import load_settings\n"
         "configure(load_settings())\n"
         "from flows.incident import incident_response\n"
         "kw = json.loads(sys.argv[1])\n"

@@ -9,7 +9,7 @@ import stat
 from pathlib import Path
 
 from reports.store import save_report
-from runbooks.settings import Settings
+from runbooks.core.settings import Settings
 from tests.lab.lab import LabState
 from tests.test_fix import fix_settings, run_cli  # noqa: F401 - fixture
 

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from runbooks.progress import STEPS
+from runbooks.core.progress import STEPS
 from tests.test_fix import CLI, fix_settings, volume  # noqa: F401 - fixtures
 from tests.test_flows import cudamedic, env, field, shm_container  # noqa: F401 - fixtures
 from tests.test_terminal import section

@@ -6,10 +6,10 @@ import json
 import time
 from pathlib import Path
 
-from runbooks.collect import collect
-from runbooks.redact import redact_json, redact_text
-from runbooks.settings import Settings
-from runbooks.target import Target
+from runbooks.collect.collector import collect
+from runbooks.collect.redact import redact_json, redact_text
+from runbooks.collect.target import Target
+from runbooks.core.settings import Settings
 
 # (kind, a value of that kind's real format, the line it appears in). Values are made up.
 SECRETS = [
@@ -153,13 +153,14 @@ def test_secrets_planted_in_a_container_never_reach_the_bundle(
 
 
 def test_each_anchored_pattern_finds_what_its_plain_search_finds() -> None:
-    """The redactor skips to the literals a pattern's matches start with (runbooks/redact.py,
+    """The redactor skips to the literals a pattern's matches start with
+    (runbooks/collect/redact.py,
     `_Anchored`); a literal missing from a pattern's anchors would let its secrets through. Each
     pattern, anchored and plain, on the fixtures and the redaction tests' modules (they hold every
     secret format the tests plant) and on windows of them, in ASCII and not."""
     import random
 
-    from runbooks import redact
+    from runbooks.collect import redact
 
     fast = {n: v for n, v in vars(redact).items() if isinstance(v, redact._Anchored)}
     assert len(fast) >= 7, fast

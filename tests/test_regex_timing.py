@@ -111,7 +111,7 @@ def all_patterns() -> dict[str, re.Pattern[Any]]:
         for path in sorted((ROOT / pkg).rglob("*.py")):
             for label, pat in _inline_patterns(path):
                 found.setdefault(label, pat)
-    from runbooks import logscan
+    from runbooks.diagnose import logscan
     from runbooks.knowledge import tables
 
     for sig in logscan.signatures():
@@ -256,7 +256,7 @@ def test_the_patterns_are_found() -> None:
     table, inline patterns, and the knowledge files' signatures."""
     names = " ".join(PATTERNS)
     for needle in ("_IS_AVAILABLE_CALL", "_ULIMIT_L", "redact._TOKENS", "_FAST_CLI_FLAG",
-                   "signatures.yaml:", "nccl_floors.yaml:", "flows/slack.py:"):  # fmt: skip
+                   "signatures.yaml:", "nccl_floors.yaml:", "flows/slack/app.py:"):  # fmt: skip
         assert needle in names, needle
     assert len(PATTERNS) > 150, len(PATTERNS)
 
@@ -287,8 +287,8 @@ def _timed(fn: Any, *args: Any) -> float:
 def test_a_pasted_why_of_is_available_lines_is_diagnosed_at_once(tmp_path: Path) -> None:
     """200 lines of `is_available()` and spaces (79 kB) took `classify` 31 s; `/cudamedic why`
     of 20,000 characters held the Slack app's GIL for 15 s. And ulimit-shaped lines."""
-    from flows.slack import diagnose_text
-    from runbooks.evidence.probes import parse_ulimit
+    from flows.slack.app import diagnose_text
+    from runbooks.collect.evidence.probes import parse_ulimit
 
     diagnose_text("warm up: the knowledge tables load once", tmp_path)
 
@@ -318,14 +318,14 @@ def test_a_pasted_why_of_is_available_lines_is_diagnosed_at_once(tmp_path: Path)
 )
 def test_the_redactor_is_linear_on_the_issues_runs(run: str) -> None:
     """`-xoxb` x n + `_` (80 kB) took the redactor 9 s, a 120 kB log line `collect` 28 s."""
-    from runbooks.redact import redact_text
+    from runbooks.collect.redact import redact_text
 
     assert _timed(redact_text, run) < 1.0
     assert _timed(redact_text, run + "\n" + run) < 2.0
 
 
 def test_tokens_still_redacted_after_the_linear_rewrite() -> None:
-    from runbooks.redact import MASK, redact_text
+    from runbooks.collect.redact import MASK, redact_text
 
     slack = "xoxb-" + "1234567890-" * 3 + "abcdefABCDEF"
     jwt = (

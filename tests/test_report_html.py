@@ -12,7 +12,7 @@ import pytest
 from markdown_it import MarkdownIt
 
 from reports.render import render_markdown
-from runbooks.model import Line
+from runbooks.core.model import Line
 from tests.test_reports import PAYLOADS, sample
 
 GOLDEN = Path(__file__).parent / "fixtures" / "reports"

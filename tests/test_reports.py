@@ -22,7 +22,7 @@ from reports.render import (
     report_name,
     sweep_report_name,
 )
-from runbooks.model import Line
+from runbooks.core.model import Line
 
 GOLDEN = Path(__file__).parent / "fixtures" / "reports"
 T0 = datetime(2026, 12, 2, 10, 0, 0, tzinfo=UTC)

@@ -8,7 +8,7 @@ import time
 import uuid
 
 from flows.fleet_state import Memory
-from runbooks.prefect_api import call
+from runbooks.core.prefect_api import call
 
 
 def _put(name: str, until: float) -> None:

@@ -13,10 +13,10 @@ import re
 import subprocess
 from pathlib import Path
 
-from runbooks.bundle import open_bundle
-from runbooks.facts import gather
-from runbooks.rma import BugReport, parse_answer, rma_item
-from runbooks.settings import Settings
+from runbooks.collect.bundle import open_bundle
+from runbooks.core.settings import Settings
+from runbooks.diagnose.facts import gather
+from runbooks.diagnose.rma import BugReport, parse_answer, rma_item
 from tests.lab.lab import LabState
 from tests.test_fix import CLI, cli_env, fix_settings  # noqa: F401 - fixtures
 

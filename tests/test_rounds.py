@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from runbooks.classify import classify_path
-from runbooks.taxonomy import Incident
+from runbooks.core.taxonomy import Incident
+from runbooks.diagnose.classify import classify_path
 
 ROUNDS = Path(__file__).parent / "rounds"
 CORPUS = Path(__file__).parent / "corpus"

@@ -22,8 +22,8 @@ from typing import Any
 import pytest
 import yaml
 
-from runbooks.redact import MASK, name_is_secret, redact_json, redact_text
-from runbooks.settings import Settings
+from runbooks.collect.redact import MASK, name_is_secret, redact_json, redact_text
+from runbooks.core.settings import Settings
 from tests.lab.lab import LabState
 from tests.test_fix import CLI, cli_env, fix_settings  # noqa: F401 - fixture
 

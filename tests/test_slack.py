@@ -22,10 +22,10 @@ from typing import Any
 import pytest
 from pydantic import SecretStr
 
-from flows.slack import SlackApp, deliver, flush_outbox, parse_command, waiting
-from runbooks.errors import InputError
-from runbooks.inventory import load_inventory
-from runbooks.settings import Settings
+from flows.slack.app import SlackApp, deliver, flush_outbox, parse_command, waiting
+from runbooks.collect.inventory import load_inventory
+from runbooks.core.errors import InputError
+from runbooks.core.settings import Settings
 from tests.lab.lab import LabState
 from tests.slackfake import FakeSlack, fake_slack
 from tests.slacksocket import SocketSlack, socket_slack

@@ -20,10 +20,10 @@ from typing import Any
 import pytest
 from pydantic import SecretStr
 
-from flows.slack import SlackApp, SlackThread, dead, deliver, flush_outbox, waiting
+from flows.slack.app import SlackApp, SlackThread, dead, deliver, flush_outbox, waiting
 from reports.slack import SECTION_MAX, approval_blocks, split_text
-from runbooks.inventory import Host, Inventory
-from runbooks.settings import Settings
+from runbooks.collect.inventory import Host, Inventory
+from runbooks.core.settings import Settings
 from tests.slackfake import FakeSlack, fake_slack
 from tests.slacksocket import SocketSlack, socket_slack
 from tests.test_deploy import _drop_deployments
@@ -408,7 +408,7 @@ def test_slack_bolt_internals_we_use_are_as_checked() -> None:
     from slack_bolt.adapter.socket_mode.internals import run_bolt_app, send_response
     from slack_bolt.version import __version__
 
-    from flows.slack import BOLT_CHECKED
+    from flows.slack.app import BOLT_CHECKED
 
     assert tuple(int(p) for p in __version__.split(".")[:2]) == BOLT_CHECKED
     assert list(inspect.signature(run_bolt_app).parameters) == ["app", "req"]

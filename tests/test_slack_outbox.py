@@ -16,9 +16,9 @@ from typing import Any
 import pytest
 from pydantic import SecretStr
 
-from flows.slack_delivery import dead, deliver, waiting
-from flows.slack_outbox import PrefectUnavailable, local_outbox, read_local
-from runbooks.settings import Settings
+from flows.slack.delivery import dead, deliver, waiting
+from flows.slack.outbox import PrefectUnavailable, local_outbox, read_local
+from runbooks.core.settings import Settings
 from tests.slackfake import FakeSlack, fake_slack
 from tests.test_slack import TOKEN
 
@@ -123,8 +123,8 @@ def test_a_hanging_prefect_costs_one_timeout_not_one_per_message(
 
 def _plant(settings: Settings, data: dict[str, Any]) -> None:
     """An artifact under the outbox's key, written by anyone who can write to the Prefect API."""
-    from flows.slack_outbox import outbox_key
-    from runbooks.prefect_api import call
+    from flows.slack.outbox import outbox_key
+    from runbooks.core.prefect_api import call
 
     body = {"key": outbox_key(settings), "type": "cudamedic-outbox", "data": data}
     call("POST", "/artifacts/", body, timeout=5.0)
@@ -136,7 +136,7 @@ def test_a_message_planted_in_the_outbox_is_never_sent_issue27(
     """Issue 27 (1): an item under the outbox's key uploaded a private key of the flushing
     machine (`file:`) and posted a fake approval. Only signed items of the methods and argument
     keys cudamedic sends go out; the rest go to the dead letters with a warning."""
-    from flows.slack_outbox import sign
+    from flows.slack.outbox import sign
 
     a = worker(slack, tmp_path, "a")
     key_file = tmp_path / "id_ed25519"

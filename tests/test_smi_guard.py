@@ -1,4 +1,5 @@
-"""The check that runs before a host's first `nvidia-smi` (runbooks/smi_guard.py), run by a real
+"""The check that runs before a host's first `nvidia-smi` (runbooks/collect/smi_guard.py), run by a
+real
 `sh` against a process that is gone between `pgrep` listing it and the check reading it (a host's
 own nvidia-smi calls come and go: monitoring agents, other collections). The check says nothing
 of it: the output is nvidia-smi's alone. (In a demo sweep of the hung host, the shell's "cannot
@@ -10,7 +11,7 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
-from runbooks.smi_guard import wrapped
+from runbooks.collect.smi_guard import wrapped
 
 TABLE = Path(__file__).parent / "fixtures" / "nvidia-smi" / "a100-sxm4-80gb-4gpu.txt"
 

@@ -10,13 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from runbooks.bundle import open_bundle
-from runbooks.classify import diagnose
-from runbooks.evidence.probes import parse_cuda_cache
-from runbooks.facts import Facts, gather
-from runbooks.health import HostHealth, check_host, incident_of
-from runbooks.runbook import Thresholds
-from runbooks.taxonomy import Incident
+from runbooks.collect.bundle import open_bundle
+from runbooks.collect.evidence.probes import parse_cuda_cache
+from runbooks.core.runbook import Thresholds
+from runbooks.core.taxonomy import Incident
+from runbooks.diagnose.classify import diagnose
+from runbooks.diagnose.facts import Facts, gather
+from runbooks.diagnose.health import HostHealth, check_host, incident_of
 from tests.test_health import facts_of
 
 CORPUS = Path(__file__).parent / "corpus"
@@ -142,7 +142,7 @@ def test_repeated_xid_is_one_finding_per_code_and_gpu(tmp_path: Path) -> None:
 def test_interconnect_is_read_from_the_nodes_topology(tmp_path: Path) -> None:
     """4 GPUs all paired over NV1/NV2 (NVIDIA/nccl-tests#93): NVLink; 2 GPUs across PCIe host
     bridges (NODE, NVIDIA/nccl#2079): PCIe. nccl_below_floor picks the floor for that."""
-    from runbooks.judgments import node_interconnect
+    from runbooks.diagnose.judgments import node_interconnect
 
     nvlink = corpus_facts(
         tmp_path, "nccl-slow-transport--nccl-tests-horovodrun-two-containers-nvlink-host-half-busbw"
@@ -181,7 +181,7 @@ def test_the_cuda_cache_probe_reads_real_du_output(tmp_path: Path, du: str) -> N
 def test_a_growing_cuda_cache_is_judged_against_the_last_sweep() -> None:
     """The measure is stored with the sweep's state, compared at the next one, and the
     threshold comes from the runbook."""
-    from runbooks.health import HostHealth, snapshot, with_history
+    from runbooks.diagnose.health import HostHealth, snapshot, with_history
 
     def host(kib: int) -> HostHealth:
         return HostHealth(host="h1", verdict="healthy", measures={"cuda-cache@train": kib})

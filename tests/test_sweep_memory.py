@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from flows.fleet_state import read_document, sweep_state, sweep_state_key
-from runbooks.prefect_api import call
-from runbooks.settings import Settings
+from runbooks.core.prefect_api import call
+from runbooks.core.settings import Settings
 
 FINDING = {"code": "driver-not-loaded", "level": "drain", "message": "m"}
 

@@ -15,7 +15,7 @@ import docker
 import pytest
 from docker.types import DeviceRequest
 
-from runbooks.settings import Settings
+from runbooks.core.settings import Settings
 from tests.lab.lab import LabState
 from tests.test_fix import (  # noqa: F401 - fixtures
     CLI,
@@ -67,7 +67,7 @@ def test_triage_of_an_unreachable_target_says_why_and_exits_3(env: dict[str, str
     assert done.returncode == 3, done.stdout + done.stderr
     assert "Connection refused" in done.stderr, done.stderr
     assert re.search(r"^  ssh: .*Connection refused$", done.stderr, re.M), done.stderr
-    from runbooks.cli_json import TriageResult
+    from runbooks.core.cli_json import TriageResult
 
     as_json = cudamedic(env, "triage", UNREACHABLE, "--json")
     result = TriageResult.model_validate_json(as_json.stdout)
@@ -176,7 +176,7 @@ def test_sweep_says_what_is_still_wrong_quietly_and_as_json(env: dict[str, str])
     report = field(second.stdout, "report")
     assert "nothing new, changed or resolved since the last sweep" in second.stdout
     assert f"still: 1 drain, 0 warning — see {report}" in second.stdout, second.stdout
-    from runbooks.cli_json import SweepResult
+    from runbooks.core.cli_json import SweepResult
 
     third = cudamedic(env, "-vv", "sweep", "--host", "gpu-nodriver", "--json")
     assert third.returncode == 0, third.stderr
@@ -197,7 +197,7 @@ def test_version_comes_from_the_package_metadata() -> None:
 
 
 def test_collect_json_is_one_object_on_stdout(lab: LabState, fix_settings: Settings) -> None:
-    from runbooks.cli_json import CollectResult
+    from runbooks.core.cli_json import CollectResult
 
     proc = run_cli(lab, fix_settings, "collect", UNREACHABLE, "--json")
     assert proc.returncode == 3
@@ -216,7 +216,7 @@ def test_fix_json_dry_run_and_errors(
     make_container,
     container_name: str,
 ) -> None:
-    from runbooks.cli_json import ErrorResult, FixResult
+    from runbooks.core.cli_json import ErrorResult, FixResult
 
     c = make_container(container_name, SHM_WORKLOAD, device_requests=GPUS_ALL)
     c.wait(timeout=30)

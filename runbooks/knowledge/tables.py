@@ -28,7 +28,7 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import Field, StringConstraints, model_validator
 
-from runbooks.model import Frozen
+from runbooks.core.model import Frozen
 
 SourceUrl = Annotated[str, StringConstraints(pattern=r"^https://\S+$")]
 # NVIDIA's resolution tokens, verbatim: RESTART_APP, RESET_GPU, RESTART_BM, CHECK_APP/CUDA, ...

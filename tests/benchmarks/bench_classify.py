@@ -35,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from bench_logscan import build_log, timed  # noqa: E402
 
-from runbooks.logscan import ere_patterns  # noqa: E402
+from runbooks.diagnose.logscan import ere_patterns  # noqa: E402
 
 CORPUS = REPO / "tests" / "corpus"
 PASTED = (  # (case, file, a text in the line): the first line of that file holding it
@@ -44,7 +44,8 @@ PASTED = (  # (case, file, a text in the line): the first line of that file hold
     "killed by signal: Bus error",
 )
 CLASSIFY = (  # a pasted text classified in a bare interpreter; MODEL: "packaged" or None
-    "import sys, tempfile, pathlib, json; from runbooks.classify import classify_path, to_json; "
+    "import sys, tempfile, pathlib, json; "
+    "from runbooks.diagnose.classify import classify_path, to_json; "
     "t = pathlib.Path(tempfile.mkdtemp()) / 'pasted.log'; t.write_text(sys.stdin.read()); "
     "print(json.dumps(to_json(classify_path(t, model=MODEL))))"
 )
@@ -160,7 +161,7 @@ def big_log(size_mib: int, repeat: int) -> None:
 
 
 def in_process() -> None:
-    from runbooks import learned
+    from runbooks.diagnose import learned
 
     start = time.perf_counter()
     learned.packaged_model.cache_clear()

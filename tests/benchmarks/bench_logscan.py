@@ -26,7 +26,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
-from runbooks.logscan import ere_patterns  # noqa: E402
+from runbooks.diagnose.logscan import ere_patterns  # noqa: E402
 
 CORPUS = REPO / "tests" / "corpus"
 NOISE_CASES = [  # long real training logs in the corpus (their case.yaml names the source)

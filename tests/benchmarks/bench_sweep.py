@@ -7,7 +7,8 @@ recorded real outputs (tests/fixtures) with realistic run times (`nvidia-smi` 0.
 slow hosts 5 s), plus dead hosts (packets silently dropped) and refusing hosts (no sshd). Then, on
 the same hosts and the same host commands (those of runbooks/sweep.yaml), in one run:
   - cudamedic sweep          the CLI and its Prefect flow, on a warm local Prefect server
-  - cudamedic, no Prefect    runbooks.sweep.check_hosts directly (the flow's work without Prefect)
+  - cudamedic, no Prefect    runbooks.diagnose.sweep.check_hosts directly (the flow's work without
+    Prefect)
   - ansible -f 50 -m command ansible-core, pipelining on
   - parallel-ssh             pssh.clients.ParallelSSHClient (libssh2), pool size 100
   - sequential paramiko      one host after the other: the floor
@@ -289,10 +290,10 @@ def measure(argv: list[str], env: dict[str, str], timeout: float = 1800) -> dict
 NOPREFECT = """
 import json, sys, time
 from pathlib import Path
-from runbooks.inventory import load_inventory
-from runbooks.runbook import load_runbook
-from runbooks.settings import load_settings
-from runbooks.sweep import check_hosts
+from runbooks.collect.inventory import load_inventory
+from runbooks.core.runbook import load_runbook
+from runbooks.core.settings import load_settings
+from runbooks.diagnose.sweep import check_hosts
 s = load_settings(); book = load_runbook(s.sweep_runbook, "sweep")
 inv = load_inventory(s.inventory)
 names = sys.argv[1:] or sorted(inv.hosts)
@@ -607,7 +608,7 @@ def main() -> None:
         raise SystemExit("run as root (network namespaces, sshd)")
     bench_py = ensure_tools()
     work = Path(tempfile.mkdtemp(prefix="cudamedic-bench-sweep-"))
-    from runbooks.settings import Settings
+    from runbooks.core.settings import Settings
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -173,9 +173,9 @@ def main() -> None:
 def slack_acks(lab: Any, env: dict[str, str], runs: int) -> list[float]:
     from pydantic import SecretStr
 
-    from flows.slack import SlackApp
-    from runbooks.inventory import load_inventory
-    from runbooks.settings import load_settings
+    from flows.slack.app import SlackApp
+    from runbooks.collect.inventory import load_inventory
+    from runbooks.core.settings import load_settings
     from tests.slackfake import fake_slack
 
     secret = "bench-signing-secret"

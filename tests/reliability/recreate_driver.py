@@ -15,13 +15,14 @@ import sys
 from datetime import UTC, datetime
 from pathlib import Path
 
-from runbooks.errors import CudamedicError
-from runbooks.fixes import MEMLOCK, plan_fix
-from runbooks.journal import Journal
-from runbooks.model import ContainerChange, Fix, GpuRequestSpec, UlimitSpec
-from runbooks.recreate import apply_plan
-from runbooks.remote.docker import DockerEngine
-from runbooks.settings import Settings
+from runbooks.collect.remote.docker import DockerEngine
+from runbooks.core.errors import CudamedicError
+from runbooks.core.model import ContainerChange, Fix, GpuRequestSpec, UlimitSpec
+from runbooks.core.settings import Settings
+from runbooks.diagnose.remedy import MEMLOCK
+from runbooks.fix.journal import Journal
+from runbooks.fix.plan import plan_fix
+from runbooks.fix.recreate import apply_plan
 
 HOST = "lab"
 

@@ -22,11 +22,11 @@ from pathlib import Path
 import pytest
 
 from flows.alerts import Seen, make_server
-from flows.slack import SlackApp
-from runbooks.errors import HostKeyRejected
-from runbooks.inventory import load_inventory
-from runbooks.remote.ssh import SshRunner
-from runbooks.settings import Settings
+from flows.slack.app import SlackApp
+from runbooks.collect.inventory import load_inventory
+from runbooks.collect.remote.ssh import SshRunner
+from runbooks.core.errors import HostKeyRejected
+from runbooks.core.settings import Settings
 from tests.lab.lab import LabState
 from tests.reliability.figures import record, size, zero
 from tests.slackfake import FakeSlack, fake_slack

@@ -23,9 +23,9 @@ from typing import Any
 import docker
 from docker.types import Mount
 
-from runbooks.journal import Journal
-from runbooks.recreate import BOUNDARIES, recover
-from runbooks.remote.docker import DockerEngine
+from runbooks.collect.remote.docker import DockerEngine
+from runbooks.fix.journal import Journal
+from runbooks.fix.recreate import BOUNDARIES, recover
 from tests.lab.lab import IMAGE, LabState, restart_engine
 from tests.reliability.figures import FULL, record, size, zero
 from tests.reliability.recreate_driver import HOST, KINDS

@@ -16,7 +16,7 @@ from uuid import UUID
 
 import docker
 
-from runbooks.settings import Settings
+from runbooks.core.settings import Settings
 from tests.conftest import PREFECT_TEST_HOME, PREFECT_TEST_PORT
 from tests.reliability.figures import record, zero
 from tests.test_deploy import background, env, flow_run_id, prefect  # noqa: F401 - fixtures

@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 from prefect import get_client
 
-from flows.slack import deliver, flush_outbox, keep_flushing, waiting
+from flows.slack.app import deliver, flush_outbox, keep_flushing, waiting
 from reports.slack import mrkdwn
-from runbooks.settings import Settings
+from runbooks.core.settings import Settings
 from tests.lab.lab import LabState
 from tests.reliability.figures import record, size, zero
 from tests.slackfake import FakeSlack, fake_slack

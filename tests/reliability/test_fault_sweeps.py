@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from runbooks.settings import Settings
+from runbooks.core.settings import Settings
 from tests.lab.lab import LabState
 from tests.reliability.figures import record, size, zero
 from tests.test_fix import CLI, cli_env, fix_settings  # noqa: F401 - fixture
@@ -209,13 +209,14 @@ def test_a_host_that_outlasts_the_per_host_timeout_is_abandoned(
     lab: LabState, settings: Settings
 ) -> None:
     """The per-host timeout holds even when a host's own command timeouts are longer."""
-    from runbooks.inventory import load_inventory
-    from runbooks.runbook import load_runbook
-    from runbooks.sweep import check_hosts
+    from runbooks.collect.inventory import load_inventory
+    from runbooks.core.runbook import load_runbook
+    from runbooks.diagnose.sweep import check_hosts
     from tests.test_interruptions import stop_hung
 
     # an nvidia-smi still hanging there from an earlier test would be reported at once (it is
-    # never joined: runbooks/smi_guard.py); this test needs a host whose check outlasts its time
+    # never joined: runbooks/collect/smi_guard.py); this test needs a host whose check outlasts its
+    # time
     stop_hung(lab, "gpu-hang")
     book = load_runbook(None, "sweep")
     book = book.model_copy(update={"timeouts": book.timeouts.model_copy(update={"collect": 3.0})})

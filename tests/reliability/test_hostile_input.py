@@ -41,20 +41,17 @@ import yaml
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from runbooks import names
-from runbooks.bundle import open_bundle
-from runbooks.classify import diagnose, render_text, to_json
-from runbooks.errors import InputError, TargetError
-from runbooks.evidence.dmesg import KernelLogFacts, parse_kernel_log
-from runbooks.evidence.docker_inspect import InspectFacts, parse_inspect
-from runbooks.evidence.nccl_tests import NcclTestFacts, parse_nccl_tests
-from runbooks.evidence.nvidia_smi import (
+from runbooks.collect.bundle import open_bundle
+from runbooks.collect.evidence.dmesg import KernelLogFacts, parse_kernel_log
+from runbooks.collect.evidence.docker_inspect import InspectFacts, parse_inspect
+from runbooks.collect.evidence.nccl_tests import NcclTestFacts, parse_nccl_tests
+from runbooks.collect.evidence.nvidia_smi import (
     SmiFacts,
     SmiXmlFacts,
     parse_nvidia_smi,
     parse_nvidia_smi_xml,
 )
-from runbooks.evidence.probes import (
+from runbooks.collect.evidence.probes import (
     DockerInfo,
     TorchProbe,
     Ulimits,
@@ -64,14 +61,17 @@ from runbooks.evidence.probes import (
     parse_ulimit,
     python_exceptions,
 )
-from runbooks.evidence.text import MAX_SCAN_CHARS, looks_binary, split_lines
-from runbooks.facts import gather, parse_uptime
-from runbooks.health import check_host, diff, snapshot
-from runbooks.inventory import Host, Inventory, load_inventory
-from runbooks.logscan import ScanResult, scan_text
-from runbooks.runbook import Runbook, Thresholds, parse_runbook
-from runbooks.target import resolve_target
-from runbooks.taxonomy import Incident
+from runbooks.collect.evidence.text import MAX_SCAN_CHARS, looks_binary, split_lines
+from runbooks.collect.inventory import Host, Inventory, load_inventory
+from runbooks.collect.target import resolve_target
+from runbooks.core import names
+from runbooks.core.errors import InputError, TargetError
+from runbooks.core.runbook import Runbook, Thresholds, parse_runbook
+from runbooks.core.taxonomy import Incident
+from runbooks.diagnose.classify import diagnose, render_text, to_json
+from runbooks.diagnose.facts import gather, parse_uptime
+from runbooks.diagnose.health import check_host, diff, snapshot
+from runbooks.diagnose.logscan import ScanResult, scan_text
 from tests.reliability.figures import FULL, record, size, zero
 
 # Strategies holding 100 kB inputs (deep JSON) make Hypothesis warn about their repr; harmless.
@@ -1251,7 +1251,7 @@ SETTINGS_SEEDS = [yaml.safe_load(read(ROOT / "deploy" / "cudamedic.example.yaml"
 def test_settings_file_loader_gives_settings_or_a_clear_input_error(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    from runbooks.settings import Settings, load_settings
+    from runbooks.core.settings import Settings, load_settings
 
     fuzz = Fuzz("settings file loader")
     path = tmp_path / "cudamedic.yaml"
@@ -1284,7 +1284,7 @@ def test_settings_file_loader_gives_settings_or_a_clear_input_error(
 
 
 def test_fix_policy_loader_gives_a_policy_or_a_clear_input_error(tmp_path: Path) -> None:
-    from runbooks.policy import Policy, load_policy
+    from runbooks.core.policy import Policy, load_policy
 
     fuzz = Fuzz("fix policy loader")
     path = tmp_path / "policy.yaml"
@@ -1406,7 +1406,7 @@ SLACK_TOKENS = st.one_of(
 
 
 def test_slack_command_text_is_parsed_or_refused() -> None:
-    from flows.slack import parse_command
+    from flows.slack.app import parse_command
 
     fuzz = Fuzz("Slack command parser")
     inventory = _inventory()
@@ -1436,8 +1436,8 @@ def test_slack_command_text_is_parsed_or_refused() -> None:
 
 def _slack_app(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> tuple[Any, list[Any]]:
     """A SlackApp whose outside world (Slack API, Prefect, threads) is replaced by a log."""
-    import flows.slack as slack
-    from runbooks.settings import Settings
+    import flows.slack.app as slack
+    from runbooks.core.settings import Settings
 
     calls: list[Any] = []
     monkeypatch.setattr(slack, "deliver", lambda *a, **k: calls.append(("deliver", a, k)))
@@ -1451,7 +1451,7 @@ def _slack_app(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> tuple[Any, li
         def start(self) -> None:
             self.target(*self.args)
 
-    # flows.slack's own name for the module only: the test's servers still get real threads
+    # flows.slack.app's own name for the module only: the test's servers still get real threads
     monkeypatch.setattr(slack, "threading", SimpleNamespace(Thread=NoThread, Lock=threading.Lock))
     app_settings = Settings(
         slack_bot_token="xoxb-test",  # type: ignore[arg-type]
@@ -1541,11 +1541,11 @@ def test_stored_state_readers_survive_corrupt_files(tmp_path: Path) -> None:
     """Files cudamedic keeps between runs (sweep state, seen alerts, the Slack outbox, fix
     journals) may be cut by a crash or edited by hand: reading them never raises."""
     from flows.alerts import Seen
-    from flows.slack import flush_outbox
-    from runbooks.health import HealthFinding, HostHealth
-    from runbooks.journal import Journal
-    from runbooks.settings import Settings
-    from runbooks.sweep import read_state_file
+    from flows.slack.app import flush_outbox
+    from runbooks.core.settings import Settings
+    from runbooks.diagnose.health import HealthFinding, HostHealth
+    from runbooks.diagnose.sweep import read_state_file
+    from runbooks.fix.journal import Journal
 
     fuzz = Fuzz("stored state readers")
     state_settings = Settings(  # the local cache of the outbox; the fleet, this test's own
@@ -1701,7 +1701,7 @@ def _ip(value: str) -> str | None:
 def test_accepted_names_are_always_shell_inert() -> None:
     """Whatever the validators (and everything built on them) accept is one literal shell word:
     no quoting needed, no option, no metacharacter. Everything else is an InputError."""
-    from flows.slack import parse_command
+    from flows.slack.app import parse_command
 
     fuzz = Fuzz("name validators")
     inventory = _inventory()
@@ -1757,9 +1757,9 @@ class Ran:
     """Sentinels for everything that could run a command or reach a host or an engine."""
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
-        from runbooks.remote.docker import DockerEngine
-        from runbooks.remote.runner import LocalRunner
-        from runbooks.remote.ssh import SshRunner
+        from runbooks.collect.remote.docker import DockerEngine
+        from runbooks.collect.remote.runner import LocalRunner
+        from runbooks.collect.remote.ssh import SshRunner
 
         self.calls: list[str] = []
 
@@ -1849,7 +1849,7 @@ def test_adversarial_names_are_refused_everywhere_in_process(
 ) -> None:
     """Each name through the validators, target resolution, the inventory loader, the Slack
     parser and the CLI's main(): an InputError / exit 2 with one clear line, and nothing ran."""
-    from flows.slack import parse_command
+    from flows.slack.app import parse_command
     from runbooks.cli import main
 
     canary = tmp_path / "pwned"
@@ -2025,10 +2025,10 @@ def test_parameters_that_reach_a_shell_are_quoted(tmp_path: Path) -> None:
     """The only configurable strings put into a shell line of ours (the remote Docker host and
     the nccl-tests path) go through a real /bin/sh, with fake tools on PATH, as one literal
     word: the fake `docker` prints back exactly the value, nothing else runs."""
-    from runbooks.collect import _run_nccl_tests, _Writer
-    from runbooks.remote.docker import _DialAdapter
-    from runbooks.remote.runner import CommandResult
-    from runbooks.settings import Settings
+    from runbooks.collect.collector import _run_nccl_tests, _Writer
+    from runbooks.collect.remote.docker import _DialAdapter
+    from runbooks.collect.remote.runner import CommandResult
+    from runbooks.core.settings import Settings
 
     canary = tmp_path / "pwned"
     marker = tmp_path / "ran.log"
@@ -2108,7 +2108,7 @@ HOSTILE_FIELD = st.one_of(
 
 def _postmortem(fields: dict[str, str]) -> Any:
     from reports.render import CheckResult, PostMortem, TimelineEvent
-    from runbooks.model import Line
+    from runbooks.core.model import Line
 
     t0 = datetime(2026, 12, 2, 10, 0, 0, tzinfo=UTC)
     f = fields

@@ -17,8 +17,8 @@ import docker
 import pytest
 from docker.types import DeviceRequest
 
-from flows.slack_delivery import dead, waiting
-from runbooks.settings import Settings
+from flows.slack.delivery import dead, waiting
+from runbooks.core.settings import Settings
 from tests.lab.lab import IMAGE, LabState
 from tests.reliability.figures import record, size, zero
 from tests.reliability.secrets import Planted, corpus, find_leaks
@@ -209,7 +209,7 @@ def _where(text: str, prefix: str) -> str:
 def _redacted_like_the_entry_points(text: str) -> str:
     """The CLI, the Slack app and the alert receiver redact pasted text before it becomes a
     flow parameter; this test calls the flow directly, so it does the same."""
-    from runbooks.redact import redact_text
+    from runbooks.collect.redact import redact_text
 
     return redact_text(text)
 

@@ -2,8 +2,9 @@
 
 Every carrier of every secret in tests/reliability/secrets.py goes through the product's own
 redaction entry points: `redact_text` (logs, command output, command lines: what
-runbooks/collect.py writes), `redact_json` (docker inspect: runbooks/collect.py, the fix
-journal in runbooks/fixer.py) and `dockerrun.run_args` (the `docker run` shown in plans and
+runbooks/collect/collector.py writes), `redact_json` (docker inspect:
+runbooks/collect/collector.py, the fix
+journal in runbooks/fix/fixer.py) and `dockerrun.run_args` (the `docker run` shown in plans and
 reports). Ordinary GPU evidence must come through unchanged.
 """
 
@@ -18,8 +19,8 @@ from typing import Any
 
 import pytest
 
-from runbooks.dockerrun import run_args
-from runbooks.redact import MASK, redact_argv, redact_json, redact_text
+from runbooks.collect.redact import MASK, redact_argv, redact_json, redact_text
+from runbooks.fix.dockerrun import run_args
 from tests.reliability.figures import record, size, zero
 from tests.reliability.secrets import KINDS, Planted, corpus, find_leaks
 from tests.test_redact import BENIGN
