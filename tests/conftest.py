@@ -73,8 +73,8 @@ def fleet() -> Iterator[Fleet]:
     on it, both stopped at the end. The tests' processes keep the SQLite server's API: fleet
     tests talk to this one through `fleet.api_url` (workers' PREFECT_API_URL, `use_api`)."""
     try:
-        with postgres(_free_port()) as pg, prefect_on(pg, _free_port()) as (url, log):
-            yield Fleet(pg=pg, api_url=url, server_log=log)
+        with postgres(_free_port()) as pg, prefect_on(pg, _free_port()) as url:
+            yield Fleet(pg=pg, api_url=url)
     except RuntimeError as exc:  # PostgreSQL missing or failing: say why, no traceback
         pytest.fail(f"fleet harness: {exc}", pytrace=False)
 

@@ -149,9 +149,8 @@ def postgres(port: int) -> Iterator[Postgres]:
 
 
 @contextlib.contextmanager
-def prefect_on(pg: Postgres, port: int) -> Iterator[tuple[str, Path]]:
-    """A Prefect server on `pg` on 127.0.0.1:`port` with its own PREFECT_HOME: its API URL and
-    its log (flows/server.py writes PREFECT_HOME/server.log)."""
+def prefect_on(pg: Postgres, port: int) -> Iterator[str]:
+    """A Prefect server on `pg` on 127.0.0.1:`port` with its own PREFECT_HOME; its API URL."""
     from flows.server import ensure_local_server, stop_local_server
 
     home = Path(tempfile.mkdtemp(prefix="cudamedic-test-pgprefect-"))
@@ -167,7 +166,7 @@ def prefect_on(pg: Postgres, port: int) -> Iterator[tuple[str, Path]]:
     if upgrade.returncode != 0:
         raise RuntimeError(f"prefect server database upgrade: {upgrade.stdout}{upgrade.stderr}")
     try:
-        yield ensure_local_server(server, env=database), home / "server.log"
+        yield ensure_local_server(server, env=database)
     finally:
         stop_local_server(server)
         shutil.rmtree(home, ignore_errors=True)
@@ -175,11 +174,10 @@ def prefect_on(pg: Postgres, port: int) -> Iterator[tuple[str, Path]]:
 
 @dataclass(frozen=True)
 class Fleet:
-    """The harness's PostgreSQL cluster, and the API URL and log of the Prefect server on it."""
+    """The harness's PostgreSQL cluster and the API URL of the Prefect server on it."""
 
     pg: Postgres
     api_url: str
-    server_log: Path
 
 
 def worker_env(base: dict[str, str], api_url: str, home: Path) -> dict[str, str]:

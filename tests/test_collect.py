@@ -197,6 +197,7 @@ def test_output_that_arrives_with_the_exit_status_is_kept(
     healthy. Here the scheduler's worst case is made certain: paramiko's stderr check (the one
     between them) returns only once the command has exited."""
     import paramiko
+
     from runbooks.collect.remote.ssh import SshRunner
 
     checked = paramiko.Channel.recv_stderr_ready

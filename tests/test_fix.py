@@ -679,6 +679,7 @@ def test_a_check_whose_exec_output_was_lost_is_asked_again(
     `--gpus` fix then read "0 GPUs" and rolled it back. Here the container's `nvidia-smi` (the
     lab's toolkit shim) answers its first call with exit 0 and nothing, as a lost output reads."""
     from docker.types import DeviceRequest
+
     from runbooks.fix.recreate import _gpus_check
 
     smi = "/usr/local/bin/nvidia-smi"

@@ -593,7 +593,7 @@ def pool_server(work: Path) -> Iterator[str]:
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             ports.append(s.getsockname()[1])
-    with postgres(ports[0]) as pg, prefect_on(pg, ports[1]) as (api, _):
+    with postgres(ports[0]) as pg, prefect_on(pg, ports[1]) as api:
         yield api
 
 
