@@ -17,6 +17,9 @@ CM="$VENV/cudamedic"
 
 echo "== The lab: two Docker engines and eight simulated GPU hosts (sshd); reused when up, a first start takes ~30 s ..."
 "$VENV/python" -m tests.lab up
+# Containers an earlier demo or a test run killed half-way left on the lab go first (its sweeps
+# would report them as findings of every host). Do not run the tests on this lab meanwhile.
+"$VENV/python" -m tests.lab clean
 # CUDAMEDIC_CONFIG (the lab's inventory), DOCKER_HOST (its GPU engine), and the engine without
 # the toolkit's hook (CUDAMEDIC_LAB_PLAIN_DOCKER_HOST); any lab dir (CUDAMEDIC_LAB_DIR).
 lab_env=$("$VENV/python" -m tests.lab env)
@@ -42,8 +45,6 @@ echo "      its first start creates the database and takes ~20 s); this demo is 
 
 echo
 echo "== 1. A DataLoader workload on gpu-healthy dies: /dev/shm is Docker's 64 MB"
-# The previous demo's containers (and the backups and locks its fixes left) go first.
-for c in $(docker ps -aq --filter name=train-); do docker rm -f "$c" >/dev/null; done
 docker volume create train-data >/dev/null
 docker run -d --name train-shm --network none --gpus all -v train-data:/data \
   cudamedic-lab/busybox:1 \
@@ -83,7 +84,6 @@ docker ps -a --filter name=train-shm --format '   {{.Names}}: {{.Status}}'
 
 echo
 echo "== 4. A fix that cannot work is rolled back to the exact original (engine without the toolkit hook)"
-for c in $(docker -H "$PLAIN" ps -aq --filter name=train-); do docker -H "$PLAIN" rm -f "$c" >/dev/null; done
 docker -H "$PLAIN" run -d --name train-nogpu --network none -e NVIDIA_VISIBLE_DEVICES=all \
   cudamedic-lab/busybox:1 sh -c 'nvidia-smi -L; sleep 3600' >/dev/null
 sleep 2

@@ -1,4 +1,4 @@
-"""`python -m tests.lab up|down|status|env` — run the lab by hand (as root)."""
+"""`python -m tests.lab up|down|clean|status|env` — run the lab by hand (as root)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import json
 import sys
 from dataclasses import asdict
 
-from tests.lab.lab import LabState, down, lab_dir, up
+from tests.lab.lab import LabState, clean, down, lab_dir, up
 
 
 def main(argv: list[str]) -> int:
@@ -22,6 +22,10 @@ def main(argv: list[str]) -> int:
     if cmd == "down":
         down()
         print("lab down")
+        return 0
+    if cmd == "clean":
+        removed = clean()
+        print(f"lab clean: {removed} container(s) left by earlier runs removed")
         return 0
     state = LabState.load(lab_dir())
     if cmd == "env":

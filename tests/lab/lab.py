@@ -233,6 +233,16 @@ def _rootfs_tar() -> bytes:
     return buf.getvalue()
 
 
+def _remove_leftovers(engine: EngineInfo) -> int:
+    """Remove every container on a lab engine; return how many there were. A lab that died
+    without `down` (a reboot, a killed CI job) leaves its containers in the engine's data root,
+    and a test's container found there would be swept as a finding of every host."""
+    ids = _run("docker", "-H", engine.url, "ps", "-aq", check=False).stdout.decode().split()
+    if ids:
+        _run("docker", "-H", engine.url, "rm", "-f", *ids, check=False)
+    return len(ids)
+
+
 def _import_image(engine: EngineInfo, rootfs: bytes) -> None:
     _run(
         "docker",
@@ -489,6 +499,7 @@ def up(directory: Path | None = None) -> LabState:
             engine = _start_engine(root, name, gpu)
             state.engines[name] = engine
             state.save()
+            _remove_leftovers(engine)
             _import_image(engine, rootfs)
         keys = root / "keys"
         keys.mkdir(exist_ok=True)
@@ -566,6 +577,15 @@ def up(directory: Path | None = None) -> LabState:
     return state
 
 
+def clean(state: LabState | None = None) -> int:
+    """Remove every container on the lab's engines (the demo starts with this: a test run killed
+    half-way leaves its containers, and the demo's sweeps would report them)."""
+    state = state or LabState.load(lab_dir())
+    if state is None or not state.alive():
+        return 0
+    return sum(_remove_leftovers(engine) for engine in state.engines.values())
+
+
 def restart_engine(state: LabState, name: str) -> None:
     """Stop a lab engine the way a host reboot or package upgrade would, and start it again."""
     engine = state.engines[name]
@@ -581,12 +601,8 @@ def down(state: LabState | None = None) -> None:
     for host in state.hosts.values():
         _terminate(host.pid)
     for engine in state.engines.values():
-        _run(
-            "sh",
-            "-c",
-            f"docker -H {engine.url} ps -aq | xargs -r docker -H {engine.url} rm -f",
-            check=False,
-        )
+        if _pid_alive(engine.pid):
+            _remove_leftovers(engine)
         _terminate(engine.pid, wait=20)
     state_file = Path(state.dir, "state.json")
     if state_file.exists():
