@@ -79,6 +79,9 @@ def fleet() -> Iterator[Fleet]:
         pytest.fail(f"fleet harness: {exc}", pytrace=False)
 
 
+LEFT_BY_TESTS: list[str] = []
+
+
 @pytest.fixture(scope="session")
 def lab() -> Iterator[LabState]:
     if os.geteuid() != 0:
@@ -87,6 +90,20 @@ def lab() -> Iterator[LabState]:
     reuse = existing is not None and existing.alive()
     state = up()
     yield state
+    # A test's containers (named t-...) must not outlive the run: `make demo` shares the lab and
+    # its sweeps would report them. Any left are removed and named in the summary.
+    for engine in state.engines.values():
+        client = docker.DockerClient(base_url=engine.url, timeout=60)
+        try:
+            for c in client.containers.list(all=True):
+                if not c.name.startswith("t-"):
+                    continue
+                LEFT_BY_TESTS.append(f"{engine.name}/{c.name}")
+                c.remove(force=True)
+        except docker.errors.DockerException as e:
+            LEFT_BY_TESTS.append(f"{engine.name}: could not list ({e})")
+        finally:
+            client.close()
     if not reuse:
         down(state)
 
@@ -169,6 +186,8 @@ def pytest_terminal_summary(terminalreporter: object) -> None:
     from tests.test_rounds import FIGURES as ROUNDS
 
     write = terminalreporter.write_line  # type: ignore[attr-defined]
+    if LEFT_BY_TESTS:
+        write(f"containers the tests left on the lab (removed): {', '.join(LEFT_BY_TESTS)}")
     for line in table():
         write(line)
     for round_, (right, total) in sorted(ROUNDS.items()):
