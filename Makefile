@@ -10,9 +10,12 @@ bootstrap:
 demo: bootstrap
 	@scripts/demo.sh
 
-# --durations: where the time goes, printed on every run (issue 28)
+# --durations: where the time goes, printed on every run (issue 28). The test files run on
+# TEST_WORKERS pytest-xdist workers (a file stays on one worker), each with a lab, a Prefect
+# server and a PostgreSQL of its own (tests/conftest.py); TEST_WORKERS=0 runs them in this process.
+TEST_WORKERS ?= 3
 test: bootstrap
-	$(VENV)/pytest -q --durations=30
+	$(VENV)/pytest -q --durations=30 -n $(TEST_WORKERS) --dist loadfile
 
 # The reliability and security suites (tests/reliability) at full size: 200 randomised
 # fault-injected recreates, 10,000 examples per parser, 2,000 forged Slack requests, ...; every
