@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import atexit
 import hashlib
+import json
 import os
 import secrets
 import shutil
@@ -16,9 +17,17 @@ from typing import Any
 import docker
 import pytest
 
-from runbooks.core.settings import Settings
-from tests.fleet import Fleet, postgres, prefect_on
-from tests.lab.lab import IMAGE, LabState, down, lab_dir, up
+# pytest-xdist (`make test` runs test files on several workers): each worker has a lab of its own
+# (its own Docker engines, sshd hosts and state, in CUDAMEDIC_LAB_DIR-<worker>), its own Prefect
+# server and PostgreSQL (free ports, below); nothing on the machine is shared but the lab's user.
+WORKER = os.environ.get("PYTEST_XDIST_WORKER")
+if WORKER:
+    _base = os.environ.get("CUDAMEDIC_LAB_DIR", "/tmp/cudamedic-lab")
+    os.environ["CUDAMEDIC_LAB_DIR"] = f"{_base.rstrip('/')}-{WORKER}"
+
+from runbooks.core.settings import Settings  # noqa: E402
+from tests.fleet import Fleet, postgres, prefect_on  # noqa: E402
+from tests.lab.lab import IMAGE, LabState, down, lab_dir, up  # noqa: E402
 
 
 def _free_port() -> int:
@@ -179,12 +188,62 @@ def remove_made(client: docker.DockerClient, name: str) -> None:
                 pass
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """Where xdist workers leave what the summary prints (the run's own directory)."""
+    if not WORKER and "CUDAMEDIC_TEST_SUMMARY" not in os.environ:
+        where = tempfile.mkdtemp(prefix="cudamedic-test-summary-")
+        atexit.register(shutil.rmtree, where, True)
+        os.environ["CUDAMEDIC_TEST_SUMMARY"] = where  # inherited by the workers it starts
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """A worker writes its figures for the summary the controller prints."""
+    where = os.environ.get("CUDAMEDIC_TEST_SUMMARY")
+    if not WORKER or not where:
+        return
+    from dataclasses import asdict
+
+    from tests.reliability.figures import FIGURES
+    from tests.test_corpus import REPORT
+    from tests.test_rounds import FIGURES as ROUNDS
+
+    report = {k: {n: v for n, v in r.items() if n != "bases"} for k, r in REPORT.items()}
+    Path(where, f"{WORKER}.json").write_text(
+        json.dumps(
+            {
+                "left": LEFT_BY_TESTS,
+                "figures": [asdict(f) for f in FIGURES],
+                "rounds": {str(k): v for k, v in ROUNDS.items()},
+                "report": report,
+            }
+        )
+    )
+
+
+def _from_workers() -> None:
+    """The figures the xdist workers wrote, merged into this process's (the controller's)."""
+    where = os.environ.get("CUDAMEDIC_TEST_SUMMARY")
+    if WORKER or not where:
+        return
+    from tests.reliability.figures import FIGURES, Figure
+    from tests.test_corpus import REPORT
+    from tests.test_rounds import FIGURES as ROUNDS
+
+    for path in sorted(Path(where).glob("*.json")):
+        part = json.loads(path.read_text())
+        LEFT_BY_TESTS.extend(part["left"])
+        FIGURES.extend(Figure(**f) for f in part["figures"])
+        ROUNDS.update({int(k): tuple(v) for k, v in part["rounds"].items()})
+        REPORT.update(part["report"])
+
+
 def pytest_terminal_summary(terminalreporter: object) -> None:
     """Print the reliability figures and the corpus accuracy table after the run."""
     from tests.reliability.figures import table
     from tests.test_corpus import REPORT
     from tests.test_rounds import FIGURES as ROUNDS
 
+    _from_workers()
     write = terminalreporter.write_line  # type: ignore[attr-defined]
     if LEFT_BY_TESTS:
         write(f"containers the tests left on the lab (removed): {', '.join(LEFT_BY_TESTS)}")

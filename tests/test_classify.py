@@ -94,6 +94,55 @@ def test_scanner_counts_lines_across_chunk_boundaries() -> None:
     assert result.lines == 5001
 
 
+def test_the_compiled_signatures_are_cached_and_a_bad_cache_is_compiled_afresh(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The Hyperscan database of the signatures is kept between runs (compiling it is most of a
+    cold classify); a cache file that is corrupt is replaced, one that cannot be written is no
+    error, and every path finds the same lines."""
+    hyperscan = pytest.importorskip("hyperscan")
+    from runbooks.diagnose import logscan
+
+    sigs = [s for s in signatures() if logscan.applies(s, "log")]
+    patterns = [s.pattern.encode() for s in sigs]
+    flags = [
+        hyperscan.HS_FLAG_MULTILINE | (0 if s.exact else hyperscan.HS_FLAG_CASELESS) for s in sigs
+    ]
+    text = b"noise\nRuntimeError: DataLoader worker (pid 1) is killed by signal: Bus error.\n"
+
+    def found(db: object) -> list[tuple[int, int]]:
+        out: list[tuple[int, int]] = []
+        db.scan(  # type: ignore[attr-defined]
+            text,
+            match_event_handler=lambda i, _s, end, _f, _c: out.append((i, end)),
+            scratch=hyperscan.Scratch(db),
+        )
+        return sorted(out)
+
+    monkeypatch.setenv("CUDAMEDIC_CACHE_DIR", str(tmp_path / "cache"))
+    compiled = found(logscan._compiled(hyperscan, patterns, flags))
+    assert compiled and any(sigs[i].incident == "shm-too-small" for i, _ in compiled)
+    (cached,) = (tmp_path / "cache").iterdir()
+    assert oct(cached.stat().st_mode & 0o777) == "0o600"
+    assert found(logscan._compiled(hyperscan, patterns, flags)) == compiled  # loaded
+    blob = bytearray(cached.read_bytes())
+    blob[len(blob) // 2] ^= 0xFF
+    cached.write_bytes(bytes(blob))
+    assert found(logscan._compiled(hyperscan, patterns, flags)) == compiled
+    assert cached.read_bytes() != bytes(blob)  # rewritten whole
+    (tmp_path / "cache").chmod(0o777)  # others could have planted it: compiled, not read
+    mtime = cached.stat().st_mtime_ns
+    assert found(logscan._compiled(hyperscan, patterns, flags)) == compiled
+    assert cached.stat().st_mtime_ns != mtime
+    (tmp_path / "cache").chmod(0o700)
+    monkeypatch.setenv("CUDAMEDIC_CACHE_DIR", str(cached))  # a file: no directory there
+    assert found(logscan._compiled(hyperscan, patterns, flags)) == compiled
+    other = logscan._compiled(hyperscan, patterns[:-1], flags[:-1])  # other signatures, own file
+    monkeypatch.setenv("CUDAMEDIC_CACHE_DIR", str(tmp_path / "cache"))
+    logscan._compiled(hyperscan, patterns[:-1], flags[:-1])
+    assert len(list((tmp_path / "cache").iterdir())) == 2 and other is not None
+
+
 # -- root cause over symptom -------------------------------------------------------------------
 def write_bundle(root: Path, files: dict[str, str]) -> Path:
     for rel, text in files.items():

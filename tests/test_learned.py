@@ -155,6 +155,26 @@ def test_a_guess_from_the_words_used_stands_unless_the_model_is_sure_of_another(
     assert _diagnose(case, None).basis == "keywords"  # rules alone: the guess stands
 
 
+def test_a_proposal_from_similar_incidents_the_model_ranks_second_is_undecided(
+    held_out: Trainer,
+) -> None:
+    """A Windows user's torch was pip's default CPU build (the thread's conclusion). No rule
+    matches; the nearest known incidents vote gpu-not-requested, a model that never saw the
+    thread's repository ranks cpu-only-build first: neither is named, both are candidates with
+    the check between them. Rules alone, the proposal stands (held out by repository over the
+    corpus, proposals the model ranked second were right 5 times in 18)."""
+    case, model = held_out("cpu-only-build--yolov10-win10-pip-torch-default-cpu-build-zh")
+    alone = _diagnose(case, None)
+    assert alone.basis == "similar-incidents", render_text(alone)
+    top = next(c for c, _ in model.rank(case.text) if c != "unknown")
+    assert top != alone.incident
+    d = _diagnose(case, model)
+    assert d.incident == "unknown" and d.basis == "model", render_text(d)
+    assert [c.incident for c in d.candidates] == [alone.incident, top]
+    assert [c.why for c in d.candidates] == ["similar incidents", "learned model"]
+    assert "most similar known incidents point to" in d.summary and d.tells_apart
+
+
 # -- the model weighs in on the rules --------------------------------------------------------------
 def test_the_model_weighs_in_where_two_rules_compete(held_out: Trainer) -> None:
     """A compose log where nvidia-container-cli fails on an NVML error: a driver/library mismatch

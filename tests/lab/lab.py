@@ -16,6 +16,7 @@ the engines have no bridge network and any image pull goes to a dead loopback pr
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
@@ -463,6 +464,14 @@ def _start_sshd(
 def _ensure_user(root: Path) -> None:
     home = root / "home"
     home.mkdir(parents=True, exist_ok=True)
+    # Labs started at once (the test workers') add the one user once: useradd and usermod
+    # refuse to run while another holds /etc/passwd's lock.
+    with open("/run/cudamedic-lab-user.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        _ensure_user_locked(home)
+
+
+def _ensure_user_locked(home: Path) -> None:
     if _run("id", "-u", LAB_USER, check=False).returncode != 0:
         _run(
             "useradd",
