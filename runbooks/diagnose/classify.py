@@ -431,6 +431,7 @@ def _from_similar(
         return None
     incident, confidence = proposal
     first = neighbours[0][0]
+    evidence = tuple((facts.exceptions or errors)[-3:])
     leading = opinion.leading()
     if leading and leading[0][0] != incident:
         rival, p_rival = leading[0]
@@ -440,7 +441,7 @@ def _from_similar(
         )
         return _undecided(
             (incident, "similar incidents"), (rival, "learned model"), opinion, why,
-            evidence=tuple((facts.exceptions or errors)[-3:]), matches=(), common=common,
+            evidence=evidence, matches=(), common=common,
         )  # fmt: skip
     p = _backing(opinion, incident)
     return Diagnosis(
@@ -449,7 +450,7 @@ def _from_similar(
         summary=f"No rule matched. The most similar known incidents point to {incident}: "
         f"{explain(incident)} This is a proposal from similar incidents, not a finding "
         f"(closest: {first.source}).{_backed(p)}",
-        evidence=tuple((facts.exceptions or errors)[-3:]),
+        evidence=evidence,
         basis="similar-incidents",
         next_checks=knowledge.class_info(incident).next,
         **common,
